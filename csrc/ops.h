@@ -1,0 +1,6 @@
+#pragma once
+#include <torch/extension.h>
+
+namespace geomkern {
+int num_threads();
+}  // namespace geomkern

@@ -1,0 +1,18 @@
+"""geomkern: kernel-geometry ops (RBF Grams, batched kernel PCA, basis projection, pre-images,
+class moments, batched eigh and K-Means) with a float64-capable torch reference for each and
+fused native / GPU fast paths. Tensors in, tensors out, same device.
+"""
+from ._dispatch import available_backends, get_backend, registered_ops, resolve, set_backend
+from .ops.kmeans import kmeans
+from .ops.kpca import KPCAFit, kpca, kpca_transform, project_onto_basis
+from .ops.moments import class_moments, eigh, pool_moments
+from .ops.preimage import preimage, preimage_loss
+from .ops.rbf import median_gamma, rbf_gram, rbf_matmul
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KPCAFit", "available_backends", "class_moments", "eigh", "get_backend", "kmeans", "kpca",
+    "kpca_transform", "median_gamma", "pool_moments", "registered_ops", "preimage", "preimage_loss",
+    "project_onto_basis", "rbf_gram", "rbf_matmul", "resolve", "set_backend",
+]

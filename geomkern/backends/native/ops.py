@@ -1,0 +1,1 @@
+"""Native (csrc/) implementations, registered with the dispatcher."""

@@ -1,0 +1,1 @@
+"""One module per op family: public function, its validation, and its torch reference."""

@@ -1,0 +1,102 @@
+"""Batched K-Means over many small sets (one call for all segments), greedy k-means++ init."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _dispatch, _validate
+
+
+def _pad(X, offsets):
+    off = offsets.tolist()
+    m = len(off) - 1
+    sizes = [off[j + 1] - off[j] for j in range(m)]
+    nmax = max(sizes)
+    Xp = X.new_zeros(m, nmax, X.shape[1])
+    mask = torch.zeros(m, nmax, dtype=torch.bool, device=X.device)
+    for j in range(m):
+        Xp[j, :sizes[j]] = X[off[j]:off[j + 1]]
+        mask[j, :sizes[j]] = True
+    return Xp, mask, off, sizes
+
+
+def _bsqdist(P, C):
+    """(m, n, D) x (m, k, D) -> (m, n, k) squared distances, clamped at 0."""
+    d2 = torch.baddbmm((P * P).sum(-1, keepdim=True) + (C * C).sum(-1).unsqueeze(1), P,
+                       C.transpose(1, 2), alpha=-2.0)
+    return d2.clamp_min_(0.0)
+
+
+def _kmeanspp(Xp, mask, k: int, gen: torch.Generator):
+    """Greedy k-means++ (2 + ln k candidates per step, keep the one that lowers the potential most)."""
+    m, n, D = Xp.shape
+    ar = torch.arange(m, device=Xp.device)
+    weights = mask.to(Xp.dtype)
+    first = torch.multinomial(weights, 1, generator=gen).squeeze(1)
+    centers = Xp.new_empty(m, k, D)
+    centers[:, 0] = Xp[ar, first]
+    closest = _bsqdist(Xp, centers[:, :1]).squeeze(-1) * weights
+    n_local = 2 + int(math.log(k))
+    for c in range(1, k):
+        total = closest.sum(1, keepdim=True)
+        # All remaining points coincide with chosen centres: draw uniformly among real points.
+        probs = torch.where(total > 0, closest, weights)
+        cand = torch.multinomial(probs, n_local, replacement=True, generator=gen)  # (m, L)
+        cand_pts = Xp[ar.unsqueeze(1), cand]  # (m, L, D)
+        d_cand = _bsqdist(Xp, cand_pts).transpose(1, 2)  # (m, L, n)
+        new_closest = torch.minimum(closest.unsqueeze(1), d_cand) * weights.unsqueeze(1)
+        best = new_closest.sum(-1).argmin(1)
+        closest = new_closest[ar, best]
+        centers[:, c] = cand_pts[ar, best]
+    return centers
+
+
+def kmeans_reference(X, offsets, k: int, iters: int, seed: int):
+    Xp, mask, off, sizes = _pad(X, offsets)
+    gen = torch.Generator(device=X.device).manual_seed(seed)
+    centers = _kmeanspp(Xp, mask, k, gen)
+    weights = mask.to(X.dtype)
+    labels = None
+    for _ in range(iters + 1):
+        new_labels = _bsqdist(Xp, centers).argmin(-1)  # (m, n)
+        if labels is not None and bool(((new_labels != labels) & mask).sum() == 0):
+            break  # assignments stable: centres are the means of their points
+        labels = new_labels
+        sums = torch.zeros_like(centers).scatter_add_(
+            1, labels.unsqueeze(-1).expand_as(Xp), Xp * weights.unsqueeze(-1))
+        cnt = torch.zeros(centers.shape[:2], dtype=X.dtype, device=X.device).scatter_add_(1, labels, weights)
+        # An emptied cluster keeps its old centre rather than becoming NaN.
+        centers = torch.where(cnt.unsqueeze(-1) > 0, sums / cnt.clamp_min(1).unsqueeze(-1), centers)
+    flat = torch.cat([labels[j, :sizes[j]] for j in range(len(sizes))])
+    return flat, centers
+
+
+_dispatch.register("kmeans", "reference")(kmeans_reference)
+
+
+def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iters: int = 50,
+           seed: int = 0):
+    """K-Means (Lloyd, greedy k-means++ init) on X, or on every segment of X at once.
+
+    X: (N, D); offsets: optional int64 (m+1,) CSR boundaries; every segment needs >= k points.
+    Returns labels (N,) int64 (cluster id within the row's segment) and centers (k, D), or
+    (m, k, D) when offsets is given. Deterministic for a given seed and device.
+    """
+    X = _validate.tensor("X", X, ndim=2)
+    k = _validate.positive_int("k", k)
+    iters = _validate.positive_int("iters", iters, minimum=0)
+    seed = _validate.positive_int("seed", seed, minimum=0)
+    batched = offsets is not None
+    if batched:
+        offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
+    else:
+        offsets = torch.tensor([0, X.shape[0]], dtype=torch.int64, device=X.device)
+    sizes = (offsets[1:] - offsets[:-1]).cpu()
+    if int(sizes.min()) < k:
+        j = int(sizes.argmin())
+        where = f"segment {j} has" if batched else "X has"
+        raise ValueError(f"k={k} is larger than the number of points ({where} {int(sizes[j])}); "
+                         "lower k")
+    labels, centers = _dispatch.implementation("kmeans", X.device.type)(X, offsets, k, iters, seed)
+    return labels, (centers if batched else centers[0])

@@ -1,0 +1,200 @@
+"""Kernel PCA (RBF) on many ragged clusters in one call, its transform, and basis projection.
+
+Per cluster C_j (rows offsets[j]:offsets[j+1] of X, n = n_j): K its Gram, Kc = H K H,
+Kc u_i = mu_i u_i (descending). alphas = u_i / sqrt(mu_i) make the feature-space components
+v_i = sum_a alpha_ai (Phi(x_a) - mean Phi) unit-norm (sklearn's eigenvectors_/sqrt(eigenvalues_));
+variances = mu / n is the feature-space variance along v_i (DESIGN.md math notes 1-2).
+Sign convention: each u_i has its largest-magnitude entry positive (first one on ties).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import _dispatch, _validate
+from .rbf import _sqdist, double_center, gram_reference
+
+SOLVERS = ("auto", "dense")
+
+
+@dataclass
+class KPCAFit:
+    """Result of :func:`kpca` for m clusters with d components each.
+
+    eigenvalues: (m, d) centred-Gram eigenvalues mu, descending (0 for null components).
+    variances: (m, d) mu / n_j, the feature-space variance along each component.
+    alphas: (N, d) normalised dual coefficients, row-aligned with X (0 for null components).
+    mean_projection: (m, d) <v_i, mean Phi> = sum_a alpha_ai mean_c k(x_a, x_c); a centred
+        score is p_i(z) = sum_a alpha_ai k(z, x_a) - mean_projection_i.
+    offsets: (m+1,) int64 CSR boundaries, as passed in.
+    """
+
+    eigenvalues: torch.Tensor
+    variances: torch.Tensor
+    alphas: torch.Tensor
+    mean_projection: torch.Tensor
+    offsets: torch.Tensor
+
+    @property
+    def n_clusters(self) -> int:
+        return self.eigenvalues.shape[0]
+
+    @property
+    def n_components(self) -> int:
+        return self.eigenvalues.shape[1]
+
+
+def sign_fix(U: torch.Tensor) -> torch.Tensor:
+    """Flip columns of (..., n, d) so each column's largest-|.| entry is positive."""
+    idx = U.abs().argmax(dim=-2, keepdim=True)
+    s = torch.sign(torch.gather(U, -2, idx))
+    return U * torch.where(s == 0, torch.ones_like(s), s)
+
+
+def _buckets(sizes: list[int]) -> list[list[int]]:
+    """Group clusters so each padded batch wastes at most 2x per side (4x memory) over its smallest."""
+    order = sorted(range(len(sizes)), key=lambda j: -sizes[j])
+    out: list[list[int]] = []
+    for j in order:
+        if out and sizes[out[-1][0]] <= 2 * sizes[j]:
+            out[-1].append(j)
+        else:
+            out.append([j])
+    return out
+
+
+def kpca_dense_reference(X, offsets, n_components: int, gamma: float):
+    """Batched dense eigh over zero-padded centred Grams, bucketed by size.
+
+    Zero padding keeps the top eigenpairs: diag(Kc, 0) has Kc's spectrum plus zeros, and the
+    padded eigenvectors for positive eigenvalues are Kc's with zeros appended.
+    """
+    m, d = offsets.numel() - 1, n_components
+    N = X.shape[0]
+    off = offsets.tolist()
+    sizes = [off[j + 1] - off[j] for j in range(m)]
+    eigenvalues = torch.zeros(m, d, dtype=X.dtype, device=X.device)
+    alphas = torch.zeros(N, d, dtype=X.dtype, device=X.device)
+    mean_proj = torch.zeros(m, d, dtype=X.dtype, device=X.device)
+    eps = torch.finfo(X.dtype).eps
+    for bucket in _buckets(sizes):
+        nmax = sizes[bucket[0]]
+        Kc = torch.zeros(len(bucket), nmax, nmax, dtype=X.dtype, device=X.device)
+        colmeans = []
+        for t, j in enumerate(bucket):
+            Xj = X[off[j]:off[j + 1]]
+            K = gram_reference(Xj, None, gamma, False)
+            colmeans.append(K.mean(0))
+            Kc[t, :sizes[j], :sizes[j]] = double_center(K)
+        mu, U = torch.linalg.eigh(Kc)  # ascending
+        mu, U = mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
+        for t, j in enumerate(bucket):
+            n = sizes[j]
+            mu_j, U_j = mu[t], sign_fix(U[t, :n])
+            # numpy's matrix_rank tolerance: eigenvalues below it are roundoff, their directions
+            # undefined; such components get zero alphas instead of dividing by ~0.
+            tol = max(float(mu_j[0]), 0.0) * n * eps
+            keep = mu_j > tol
+            mu_j = torch.where(keep, mu_j, torch.zeros_like(mu_j))
+            a = U_j / torch.where(keep, mu_j, torch.ones_like(mu_j)).sqrt() * keep
+            eigenvalues[j] = mu_j
+            alphas[off[j]:off[j + 1]] = a
+            mean_proj[j] = colmeans[t] @ a
+    return eigenvalues, alphas, mean_proj
+
+
+_dispatch.register("kpca_dense", "reference")(kpca_dense_reference)
+
+
+def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: float,
+         solver: str = "auto") -> KPCAFit:
+    """Kernel PCA of every cluster of X in one call.
+
+    X: (N, D); offsets: int64 (m+1,) CSR boundaries (cluster j = rows offsets[j]:offsets[j+1]).
+    Every cluster needs at least ``n_components`` points. Returns a :class:`KPCAFit`.
+    """
+    X = _validate.tensor("X", X, ndim=2)
+    offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
+    d = _validate.positive_int("n_components", n_components)
+    g = _validate.gamma(gamma)
+    solver = _validate.choice("solver", solver, SOLVERS)
+    sizes = (offsets[1:] - offsets[:-1]).cpu()
+    if int(sizes.min()) < d:
+        j = int(sizes.argmin())
+        raise ValueError(f"n_components={d} is larger than cluster {j}'s size {int(sizes[j])}; "
+                         "lower n_components or merge small clusters")
+    mu, alphas, mean_proj = _dispatch.implementation("kpca_dense", X.device.type)(X, offsets, d, g)
+    n = sizes.to(device=X.device, dtype=X.dtype).unsqueeze(1)
+    return KPCAFit(eigenvalues=mu, variances=mu / n, alphas=alphas, mean_projection=mean_proj,
+                   offsets=offsets)
+
+
+def _check_fit(fit, X: torch.Tensor) -> None:
+    if not isinstance(fit, KPCAFit):
+        raise TypeError(f"fit must be the KPCAFit returned by gk.kpca, got {type(fit).__name__}")
+    if fit.alphas.shape[0] != X.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but fit was computed on {fit.alphas.shape[0]}; "
+                         "pass the same X that gk.kpca was fitted on")
+    _validate.same_device_dtype(X=X, **{"fit.alphas": fit.alphas})
+
+
+def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: float,
+                   segment) -> torch.Tensor:
+    """Centred kernel-PC scores of Z in cluster ``segment``'s components (== sklearn transform).
+
+    Z: (b, D); X: (N, D) the fitted data; segment: an int (all rows) or an int64 (b,) tensor of
+    cluster ids per row. Returns (b, d).
+    """
+    Z = _validate.tensor("Z", Z, ndim=2, allow_empty=True)
+    X = _validate.tensor("X", X, ndim=2)
+    _validate.same_device_dtype(Z=Z, X=X)
+    _validate.same_dim("Z", Z, "X", X)
+    _check_fit(fit, X)
+    g = _validate.gamma(gamma)
+    m = fit.n_clusters
+    if isinstance(segment, torch.Tensor):
+        if segment.dtype != torch.int64 or segment.shape != (Z.shape[0],):
+            raise ValueError(f"segment must be an int or an int64 tensor of shape ({Z.shape[0]},)")
+        seg = segment.to(Z.device)
+    elif isinstance(segment, int) and not isinstance(segment, bool):
+        seg = torch.full((Z.shape[0],), segment, dtype=torch.int64, device=Z.device)
+    else:
+        raise TypeError(f"segment must be an int or an int64 tensor, got {type(segment).__name__}")
+    if seg.numel() and (int(seg.min()) < 0 or int(seg.max()) >= m):
+        raise ValueError(f"segment ids must lie in [0, {m}), got [{int(seg.min())}, {int(seg.max())}]")
+    off = fit.offsets.tolist()
+    out = torch.empty(Z.shape[0], fit.n_components, dtype=Z.dtype, device=Z.device)
+    for j in torch.unique(seg).tolist():
+        rows = torch.nonzero(seg == j).squeeze(1)
+        Kz = torch.exp(_sqdist(Z[rows], X[off[j]:off[j + 1]]).mul_(-g))
+        out[rows] = Kz @ fit.alphas[off[j]:off[j + 1]] - fit.mean_projection[j]
+    return out
+
+
+def projection_reference(X, alphas, offsets, B, gamma: float) -> torch.Tensor:
+    off = offsets.tolist()
+    m = len(off) - 1
+    out = torch.empty(m, alphas.shape[1], B.shape[0], dtype=X.dtype, device=X.device)
+    for j in range(m):
+        Kj = torch.exp(_sqdist(X[off[j]:off[j + 1]], B).mul_(-gamma))
+        torch.mm(alphas[off[j]:off[j + 1]].T, Kj, out=out[j])
+    return out
+
+
+_dispatch.register("project_onto_basis", "reference")(projection_reference)
+
+
+def project_onto_basis(X: torch.Tensor, fit: KPCAFit, B: torch.Tensor, *, gamma: float) -> torch.Tensor:
+    """betas[j, i, s] = sum_{a in cluster j} alpha[a, i] k(x_a, b_s) = <v_ji, Phi(b_s)>.
+
+    X: (N, D) the fitted data, B: (S, D) basis points. Returns (m, d, S).
+    Exact inner products because sum_a alpha_ai = 0 (DESIGN.md math note 1).
+    """
+    X = _validate.tensor("X", X, ndim=2)
+    B = _validate.tensor("B", B, ndim=2)
+    _validate.same_device_dtype(X=X, B=B)
+    _validate.same_dim("X", X, "B", B)
+    _check_fit(fit, X)
+    g = _validate.gamma(gamma)
+    return _dispatch.implementation("project_onto_basis", X.device.type)(X, fit.alphas, fit.offsets, B, g)

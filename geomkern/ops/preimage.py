@@ -1,0 +1,205 @@
+"""Batched pre-image solvers for RBF feature-space targets.
+
+Given basis points B (S, D) and, per point, a feature-space target described by kernel values
+T_s = <Psi, Phi(b_s)>, find z with k(z, B) ~ T. Three methods (DESIGN.md, math note 4):
+
+* ``gd`` — the paper's Eq. 14: plain gradient descent on f(z) = sum_s (k(z, b_s) - T_s)^2,
+  gradient -4 gamma sum_s r_s k_s (z - b_s) with r = k(z, B) - T.
+* ``fixed_point`` — Mika et al. (1999): write Psi ~ sum_s a_s Phi(b_s) with a = (G + rho I)^-1 T,
+  G = K(B, B), and iterate z <- sum_s a_s k(z, b_s) b_s / sum_s a_s k(z, b_s).
+* ``coordinates`` — match d coordinates P(z) = A k(z, B) (A: (d, S), e.g. kernel-PC maps)
+  to targets c: minimise |P(z) - c|^2 by damped Gauss-Newton (Levenberg-Marquardt) with a
+  bounded step, in the dual (d x d) form so the cost is linear in D.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import _dispatch, _validate
+from .rbf import _sqdist
+
+METHODS = ("gd", "fixed_point", "coordinates")
+# Points per chunk in the reference so (chunk, S) and (chunk, d, D) work arrays stay bounded.
+_CHUNK = 4096
+
+
+def _kernel(Z: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:
+    return torch.exp(_sqdist(Z, B).mul_(-gamma))
+
+
+def default_gd_lr(Z0: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-point step for ``gd``: 1 / (4 gamma max(1, sum_s k(z0, b_s))).
+
+    The curvature of f is a sum over basis points each bounded by ~4 gamma k_s, so the sum of
+    kernel values at the start counts the basis points that matter; the floor of 1 keeps points
+    far from every b_s from taking huge steps.
+    """
+    s = torch.cat([_kernel(Z0[i:i + _CHUNK], B, gamma).sum(1) for i in range(0, Z0.shape[0], _CHUNK)])
+    return 1.0 / (4.0 * gamma * s.clamp_min(1.0))
+
+
+def gd_reference(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(Z0)
+    for i in range(0, Z0.shape[0], _CHUNK):
+        z = Z0[i:i + _CHUNK].clone()
+        t, step = T[i:i + _CHUNK], (4.0 * gamma * lr[i:i + _CHUNK]).unsqueeze(1)
+        for _ in range(steps):
+            k = _kernel(z, B, gamma)
+            w = (k - t).mul_(k)
+            # grad f = -4 gamma ((sum w) z - w B), so z - lr grad f = z + 4 gamma lr ((sum w) z - w B)
+            z = z + step * (w.sum(1, keepdim=True) * z - w @ B)
+        out[i:i + _CHUNK] = z
+    return out
+
+
+def fixed_point_coefficients(B: torch.Tensor, T: torch.Tensor, gamma: float, ridge: float) -> torch.Tensor:
+    """a = T (G + ridge I)^-1, the expansion of each target in Phi(B) (G has unit diagonal)."""
+    G = _kernel(B, B, gamma)
+    G.diagonal().add_(ridge)
+    L = torch.linalg.cholesky(G)
+    return torch.cholesky_solve(T.T, L).T.contiguous()
+
+
+def fixed_point_reference(Z0, B, A, gamma: float, steps: int) -> torch.Tensor:
+    out = torch.empty_like(Z0)
+    tiny = torch.finfo(Z0.dtype).tiny ** 0.5
+    for i in range(0, Z0.shape[0], _CHUNK):
+        z, a = Z0[i:i + _CHUNK].clone(), A[i:i + _CHUNK]
+        for _ in range(steps):
+            w = _kernel(z, B, gamma).mul_(a)
+            den = w.sum(1, keepdim=True)
+            ok = den.abs() > tiny  # a vanishing denominator has no fixed point: keep the iterate
+            z = torch.where(ok, (w @ B) / torch.where(ok, den, torch.ones_like(den)), z)
+        out[i:i + _CHUNK] = z
+    return out
+
+
+def _coords_and_jacobian(z, B, A, gamma):
+    """P(z) = A k(z, B) (b, d) and its Jacobian J (b, d, D) = -2 gamma (P z^T - (A*k) B)."""
+    k = _kernel(z, B, gamma)
+    Ak = A * k.unsqueeze(1)  # (b, d, S)
+    P = Ak.sum(-1)
+    J = -2.0 * gamma * (P.unsqueeze(-1) * z.unsqueeze(1) - Ak @ B)
+    return P, J
+
+
+def coordinates_reference(Z0, B, C, A, gamma: float, steps: int) -> torch.Tensor:
+    out = torch.empty_like(Z0)
+    radius = 0.5 / gamma ** 0.5  # at most half a kernel width per step: the model is local
+    d = C.shape[1]
+    eye = torch.eye(d, dtype=Z0.dtype, device=Z0.device)
+    for i in range(0, Z0.shape[0], _CHUNK):
+        z, c = Z0[i:i + _CHUNK].clone(), C[i:i + _CHUNK]
+        a = A[i:i + _CHUNK] if A.dim() == 3 else A.unsqueeze(0).expand(z.shape[0], -1, -1)
+        P, J = _coords_and_jacobian(z, B, a, gamma)
+        r = P - c
+        loss = (r * r).sum(1)
+        JJ = J @ J.transpose(1, 2)
+        lam = 1e-3 * JJ.diagonal(dim1=1, dim2=2).mean(1).clamp_min(1e-30)
+        for _ in range(steps):
+            y = torch.linalg.solve(JJ + lam[:, None, None] * eye, r.unsqueeze(-1))
+            delta = -(J.transpose(1, 2) @ y).squeeze(-1)
+            norm = delta.norm(dim=1, keepdim=True)
+            delta = delta * (radius / norm.clamp_min(radius)).clamp(max=1.0)
+            z_new = z + delta
+            P_new, J_new = _coords_and_jacobian(z_new, B, a, gamma)
+            r_new = P_new - c
+            loss_new = (r_new * r_new).sum(1)
+            better = loss_new < loss
+            b1 = better[:, None]
+            z = torch.where(b1, z_new, z)
+            r = torch.where(b1, r_new, r)
+            J = torch.where(better[:, None, None], J_new, J)
+            JJ = J @ J.transpose(1, 2)
+            loss = torch.where(better, loss_new, loss)
+            lam = torch.where(better, lam / 3.0, lam * 4.0)
+        out[i:i + _CHUNK] = z
+    return out
+
+
+_dispatch.register("preimage_gd", "reference")(gd_reference)
+_dispatch.register("preimage_fixed_point", "reference")(fixed_point_reference)
+_dispatch.register("preimage_coordinates", "reference")(coordinates_reference)
+
+
+def preimage_loss(Z, B, targets, *, gamma, proj=None) -> torch.Tensor:
+    """Per-point objective: sum_s (k(z, b_s) - T_s)^2, or |A k(z, B) - c|^2 when ``proj`` is given."""
+    k = _kernel(Z, B, gamma)
+    if proj is None:
+        r = k - targets
+    else:
+        r = ((proj if proj.dim() == 3 else proj.unsqueeze(0)) * k.unsqueeze(1)).sum(-1) - targets
+    return (r * r).sum(1)
+
+
+def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma: float,
+             method: str = "gd", steps: int = 100, lr=None, proj: torch.Tensor | None = None,
+             ridge: float = 1e-6, return_loss: bool = False):
+    """Batched pre-image: one z per row of Z0, all solved together.
+
+    Z0: (b, D) starting points; B: (S, D) basis points.
+    targets: (b, S) kernel values for ``gd``/``fixed_point``; (b, d) coordinates for
+    ``coordinates``, which also needs ``proj``: (d, S) shared or (b, d, S) per point.
+    lr: ``gd`` step, a float or (b,) tensor; None picks :func:`default_gd_lr`.
+    ridge: Tikhonov term on G for ``fixed_point``.
+    Returns Z (b, D), and the per-point final loss (b,) when ``return_loss``.
+    """
+    Z0 = _validate.tensor("Z0", Z0, ndim=2)
+    B = _validate.tensor("B", B, ndim=2)
+    targets = _validate.tensor("targets", targets, ndim=2)
+    _validate.same_device_dtype(Z0=Z0, B=B, targets=targets)
+    _validate.same_dim("Z0", Z0, "B", B)
+    method = _validate.choice("method", method, METHODS)
+    steps = _validate.positive_int("steps", steps, minimum=0)
+    g = _validate.gamma(gamma)
+    b, S = Z0.shape[0], B.shape[0]
+    if targets.shape[0] != b:
+        raise ValueError(f"targets must have one row per row of Z0 ({b}), got shape {tuple(targets.shape)}")
+    dev = Z0.device.type
+    if method == "coordinates":
+        if proj is None:
+            raise ValueError("method='coordinates' needs proj: the (d, S) or (b, d, S) map from "
+                             "kernel values k(z, B) to the d coordinates being matched")
+        proj = _validate.tensor("proj", proj, ndim=(2, 3))
+        _validate.same_device_dtype(Z0=Z0, proj=proj)
+        d = targets.shape[1]
+        if proj.shape[-2:] != (d, S) or (proj.dim() == 3 and proj.shape[0] != b):
+            raise ValueError(f"proj must have shape ({d}, {S}) or ({b}, {d}, {S}) to match "
+                             f"targets (b, d) and B (S, D), got {tuple(proj.shape)}")
+        Z = _dispatch.implementation("preimage_coordinates", dev)(Z0, B, targets, proj, g, steps)
+    else:
+        if proj is not None:
+            raise ValueError(f"proj is only used by method='coordinates', not {method!r}")
+        if targets.shape[1] != S:
+            raise ValueError(f"targets must have one column per basis point (S={S}), "
+                             f"got shape {tuple(targets.shape)}")
+        if method == "gd":
+            lr_t = _gd_lr(lr, Z0, B, g)
+            Z = _dispatch.implementation("preimage_gd", dev)(Z0, B, targets, g, steps, lr_t)
+        else:
+            if lr is not None:
+                raise ValueError("lr is only used by method='gd'")
+            if not (isinstance(ridge, (int, float)) and ridge > 0):
+                raise ValueError(f"ridge must be a number > 0, got {ridge!r}")
+            A = fixed_point_coefficients(B, targets, g, float(ridge))
+            Z = _dispatch.implementation("preimage_fixed_point", dev)(Z0, B, A, g, steps)
+    if return_loss:
+        return Z, preimage_loss(Z, B, targets, gamma=g, proj=proj)
+    return Z
+
+
+def _gd_lr(lr, Z0, B, gamma) -> torch.Tensor:
+    b = Z0.shape[0]
+    if lr is None:
+        return default_gd_lr(Z0, B, gamma)
+    if isinstance(lr, torch.Tensor):
+        lr = _validate.tensor("lr", lr, ndim=(0, 1), allow_empty=False)
+        lr = lr.to(device=Z0.device, dtype=Z0.dtype).expand(b).contiguous() if lr.dim() == 0 else lr
+        if lr.shape != (b,):
+            raise ValueError(f"lr must be a scalar or have shape ({b},), got {tuple(lr.shape)}")
+        if bool((lr <= 0).any()):
+            raise ValueError("lr must be > 0")
+        return lr.to(device=Z0.device, dtype=Z0.dtype).contiguous()
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr must be a number > 0 or None (automatic), got {lr!r}")
+    return torch.full((b,), float(lr), dtype=Z0.dtype, device=Z0.device)
