@@ -32,9 +32,95 @@ def _demo(args) -> int:
     return 0
 
 
+_DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "moon": "MOON",
+            "feddyn": "FedDyn", "fedopt": "FedOpt", "fedadam": "FedAdam", "fedyogi": "FedYogi",
+            "fedavgm": "FedAvgM", "fedntd": "FedNTD", "fedproto": "FedProto", "ggeur": "GGEUR",
+            "fedmc": "FedMC"}
+
+
+def _methods(algorithms: str, augmenters: str):
+    from .runner import MethodSpec
+
+    out = []
+    for a in [x.strip().lower() for x in algorithms.split(",") if x.strip()]:
+        for g in [x.strip().lower() for x in augmenters.split(",") if x.strip()]:
+            name = _DISPLAY.get(a, a) + ("" if g == "none" else "+" + _DISPLAY.get(g, g))
+            out.append(MethodSpec(name, algorithm=a, augmenter=g))
+    return out
+
+
+def _run(args) -> int:
+    import time
+
+    import torch
+
+    from .report import format_table
+    from .runner import RunConfig, load_config, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.resume:
+        out = Path(args.resume)
+        cfg = RunConfig()
+    else:
+        cfg = load_config(args.config) if args.config else RunConfig()
+        for key, attr in (("dataset", "dataset"), ("partition", "partition"), ("beta", "beta"),
+                          ("clients", "n_clients"), ("rounds", "rounds"), ("fraction", "client_fraction"),
+                          ("epochs", "local_epochs"), ("batch_size", "batch_size"), ("lr", "lr"),
+                          ("model", "model"), ("seed", "seed"), ("seeds", "seeds"), ("device", "device"),
+                          ("min_size", "min_size")):
+            v = getattr(args, key)
+            if v is not None:
+                setattr(cfg, attr, v)
+        if args.algorithms or args.augmenters:
+            cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or "none,ggeur,fedmc")
+        out = Path(args.out or time.strftime("fedsim-out/run-%Y%m%d-%H%M%S"))
+    t0 = time.perf_counter()
+    try:
+        results = run(cfg, out, resume=bool(args.resume), progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every finished round is checkpointed; continue with\n"
+              f"  fedsim run --resume {out}", file=sys.stderr)
+        return 130
+    timings = json.loads((out / "timings.json").read_text())
+    print(results["dataset"])
+    c = results["config"]
+    print(f"partition {c['partition']} beta={c['beta']}, {c['n_clients']} clients, {c['rounds']} rounds, "
+          f"{c['seeds']} seed(s) from {c['seed']}, model {c['model']}")
+    print(format_table(results, timings))
+    print(f"wrote {out}/results.json, results.csv, timings.json, accuracy.png, partition.png "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedsim", description=__doc__)
+    p = argparse.ArgumentParser(prog="fedsim", description="federated simulator for feature calibration "
+                                "(FedMC, GGEUR) on frozen embeddings")
     sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a federated experiment (default: FedAvg, +GGEUR, +FedMC on the "
+                                   "embedded data, Dirichlet beta=0.1, 10 clients)")
+    r.add_argument("--config", help="TOML file with RunConfig keys and [[methods]] tables")
+    r.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR")
+    r.add_argument("--out", help="output folder (default fedsim-out/run-<time>)")
+    r.add_argument("--dataset", help='"default" (embedded) or a .npz/.safetensors file')
+    r.add_argument("--partition", help="iid | dirichlet | domain | label_domain")
+    r.add_argument("--beta", type=float, help="Dirichlet concentration (default 0.1)")
+    r.add_argument("--clients", type=int, help="number of clients (default 10)")
+    r.add_argument("--min-size", dest="min_size", type=int, help="minimum samples per client (default 10)")
+    r.add_argument("--rounds", type=int, help="communication rounds (default 30)")
+    r.add_argument("--fraction", type=float, help="fraction of clients sampled per round (default 1)")
+    r.add_argument("--epochs", type=int, help="local epochs per round (default 1)")
+    r.add_argument("--batch-size", dest="batch_size", type=int, help="local batch size (default 64)")
+    r.add_argument("--lr", type=float, help="local learning rate (default 0.05)")
+    r.add_argument("--model", help="linear (cosine head) | mlp")
+    r.add_argument("--algorithms", help="comma list, e.g. fedavg,fedprox,scaffold (default fedavg)")
+    r.add_argument("--augmenters", help="comma list of none,ggeur,fedmc (default all three)")
+    r.add_argument("--seed", type=int, help="first seed (default 0)")
+    r.add_argument("--seeds", type=int, help="number of seeds; tables show mean ± std (default 1)")
+    r.add_argument("--device", help="cpu | cuda (default cpu)")
+    r.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(func=_run)
     d = sub.add_parser("demo", help="geometry demo: the FedMC client pipeline on an S-curve, per backend")
     d.add_argument("--n", type=int, default=6000, help="training points (default 6000)")
     d.add_argument("--dim", type=int, default=64, help="ambient dimension D (default 64)")
@@ -59,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         return args.func(args)
-    except (ValueError, TypeError, RuntimeError) as exc:
+    except (ValueError, TypeError, RuntimeError, FileNotFoundError) as exc:
         print(f"fedsim: error: {exc}", file=sys.stderr)
         return 2
 

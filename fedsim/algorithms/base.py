@@ -1,0 +1,115 @@
+"""The algorithm interface: a small set of client and server hooks over one round loop.
+
+The loop (fedsim/client.py for the local part, fedsim/runner.py for rounds) calls, per client:
+``begin_client`` -> for each batch: loss = CE + ``extra_loss`` -> backward -> ``before_step`` ->
+optimiser step -> ``end_client`` (returns what the client uploads besides its weights); then on
+the server ``aggregate``. All algorithm state (server and per-client) goes through
+``state_dict``/``load_state_dict`` so a run can resume exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class ClientContext:
+    """What a client sees during its local update."""
+
+    cid: int
+    round: int
+    model: nn.Module  # holds the global weights at begin_client
+    global_params: Params  # detached copy of the global weights
+    x: torch.Tensor  # (n, D) local training inputs (real + augmented)
+    y: torch.Tensor  # (n,)
+    n_real: int  # real (non-augmented) samples: the aggregation weight
+    n_classes: int
+    lr: float
+    steps: int = 0  # optimiser steps taken (filled in by the loop)
+    scratch: dict = field(default_factory=dict)  # per-update working state of the algorithm
+
+
+@dataclass
+class ClientUpdate:
+    cid: int
+    params: Params
+    n_samples: int
+    loss: float
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def upload_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in list(self.params.values()) + list(self.extras.values()))
+
+
+def params_of(model: nn.Module) -> Params:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def weighted_average(updates: list[ClientUpdate]) -> Params:
+    total = float(sum(u.n_samples for u in updates))
+    out = {}
+    for k in updates[0].params:
+        out[k] = sum(u.params[k].to(torch.float64) * (u.n_samples / total) for u in updates).to(
+            updates[0].params[k].dtype)
+    return out
+
+
+class Algorithm:
+    """FedAvg: plain local SGD and a sample-weighted average. Other algorithms override hooks."""
+
+    name = "fedavg"
+    defaults: dict = {}
+
+    def __init__(self, **hparams):
+        unknown = set(hparams) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"{self.name} has no hyper-parameter(s) {sorted(unknown)}; "
+                             f"it takes {sorted(self.defaults) or 'none'}")
+        self.hp = {**self.defaults, **hparams}
+
+    # ------------------------------------------------------------------ client hooks
+    def begin_client(self, ctx: ClientContext) -> None:
+        pass
+
+    def extra_loss(self, ctx: ClientContext, x, y, logits, features) -> torch.Tensor | None:
+        return None
+
+    def before_step(self, ctx: ClientContext) -> None:
+        pass
+
+    def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        return {}
+
+    # ------------------------------------------------------------------ server hooks
+    def aggregate(self, global_params: Params, updates: list[ClientUpdate], *, n_clients: int) -> Params:
+        return weighted_average(updates)
+
+    def download_bytes(self, global_params: Params) -> int:
+        """Bytes the server sends each selected client per round (the global model by default)."""
+        return sum(t.numel() * t.element_size() for t in global_params.values())
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class FedAvg(Algorithm):
+    pass
+
+
+class FedProx(Algorithm):
+    """Local proximal term mu/2 |w - w_global|^2 (Li et al. 2020)."""
+
+    name = "fedprox"
+    defaults = {"mu": 0.01}
+
+    def extra_loss(self, ctx, x, y, logits, features):
+        prox = sum(((p - ctx.global_params[n]) ** 2).sum() for n, p in ctx.model.named_parameters())
+        return 0.5 * self.hp["mu"] * prox

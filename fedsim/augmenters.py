@@ -1,0 +1,136 @@
+"""Feature-calibration plug-ins for the round loop: ``none``, ``ggeur``, ``fedmc``.
+
+An augmenter runs its geometry exchange once (``setup``: embeddings are frozen, so the clients'
+geometry only changes when their data does) and then gives each selected client extra samples
+every round (``augment``: fresh perturbations per round). It accounts the bytes its exchange
+moves: ``setup_bytes`` (up, down) summed over clients.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from geomkern import fedmc, ggeur
+
+
+@dataclass
+class ClientData:
+    x: torch.Tensor
+    y: torch.Tensor
+    d: torch.Tensor | None = None
+
+
+def _nbytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+class Augmenter:
+    name = "none"
+    defaults: dict = {}
+
+    def __init__(self, **params):
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"augmenter {self.name!r} has no parameter(s) {sorted(unknown)}; "
+                             f"it takes {sorted(self.defaults) or 'none'}")
+        self.p = {**self.defaults, **params}
+        self.setup_bytes = (0, 0)
+
+    def setup(self, clients: list[ClientData], *, n_classes: int, seed: int) -> None:
+        pass
+
+    def augment(self, cid: int, data: ClientData, *, generator: torch.Generator):
+        """Extra (x, y) for client ``cid`` this round; empty tensors for none."""
+        return data.x[:0], data.y[:0]
+
+
+class GGEURAugmenter(Augmenter):
+    """GGEUR: clients upload class moments, the server pools them (Eq. 4) and sends back each
+    class's global eigenbasis; clients sample around their local samples (fill each held class up
+    to ``target_per_class``). Multi-domain data (or ``prototypes=True``): clients also upload class
+    prototypes and sample ``n_per_prototype`` around every other client's prototypes."""
+
+    name = "ggeur"
+    defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt"}
+
+    def setup(self, clients, *, n_classes, seed):
+        self.stats = [ggeur.local_statistics(c.x, c.y, n_classes) for c in clients]
+        self.geometry = ggeur.aggregate(self.stats)
+        use_protos = self.p["prototypes"]
+        if use_protos == "auto":  # the multi-domain step, when the data has several domains
+            doms = [c.d for c in clients if c.d is not None]
+            use_protos = bool(doms) and len(torch.unique(torch.cat(doms))) > 1
+        self.use_protos = bool(use_protos)
+        up = sum(s.nbytes() for s in self.stats)
+        down = len(clients) * self.geometry.nbytes()
+        if self.use_protos:
+            self.others = [ggeur.prototypes(self.stats, exclude=k) for k in range(len(clients))]
+            down += sum(_nbytes(p, l) for p, l in self.others)
+        self.setup_bytes = (up, down)
+
+    def augment(self, cid, data, *, generator):
+        xs, ys = [], []
+        x_new, y_new = ggeur.augment(data.x, data.y, self.geometry, target_per_class=self.p["target_per_class"],
+                                     generator=generator, noise=self.p["noise"])
+        xs.append(x_new)
+        ys.append(y_new)
+        if self.use_protos:
+            P, L = self.others[cid]
+            xp, yp = ggeur.augment_prototypes(P, L, self.geometry, n_per_prototype=self.p["n_per_prototype"],
+                                              generator=generator, noise=self.p["noise"])
+            xs.append(xp)
+            ys.append(yp)
+        return torch.cat(xs), torch.cat(ys)
+
+
+class FedMCAugmenter(Augmenter):
+    """FedMC: DP prototypes -> GAB -> local geometry -> fused dictionary (once), then every round
+    ``n_per_sample`` calibrated samples per local sample, labelled like their source."""
+
+    name = "fedmc"
+    defaults = {"n_prototypes": 10, "n_base": 128, "n_clusters": 8, "n_components": 4, "n_entries": 32,
+                "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": 1.0,
+                "n_per_sample": 1, "scale": 1.0, "method": "coordinates", "formulation": "consistent",
+                "steps": None}
+
+    def setup(self, clients, *, n_classes, seed):
+        p = self.p
+        gens = [torch.Generator().manual_seed(seed * 1000 + k) for k in range(len(clients))]
+        protos = [fedmc.client_prototypes(c.x.cpu(), min(p["n_prototypes"], c.x.shape[0]), epsilon=p["epsilon"],
+                                          delta=p["delta"], clip_norm=p["clip_norm"], generator=g)
+                  for c, g in zip(clients, gens)]
+        n_protos = sum(pr.centers.shape[0] for pr in protos)
+        self.B = fedmc.build_gab(protos, min(p["n_base"], n_protos), seed=seed)
+        self.gamma = fedmc.resolve_gamma(p["gamma"], self.B)
+        lgds = []
+        d = p["n_components"] if isinstance(p["n_components"], int) else 16  # "auto" caps at 16
+        for c, g in zip(clients, gens):
+            # patches need more than d points for d kernel PCs: small clients get fewer patches
+            m = max(1, min(p["n_clusters"], c.x.shape[0] // (2 * d)))
+            lgds.append(fedmc.local_geometry(c.x.cpu(), self.B, n_clusters=m, n_components=p["n_components"],
+                                             gamma=self.gamma, epsilon=p["epsilon"], delta=p["delta"],
+                                             clip_norm=p["clip_norm"], generator=g))
+        n_patches = sum(l.centers.shape[0] for l in lgds)
+        self.dictionary = fedmc.fuse(lgds, n_entries=min(p["n_entries"], n_patches), seed=seed)
+        self.spent = [(pr.epsilon, l.epsilon) for pr, l in zip(protos, lgds)]
+        up = sum(_nbytes(pr.centers, pr.counts) + l.nbytes() for pr, l in zip(protos, lgds))
+        down = len(clients) * (_nbytes(self.B) + self.dictionary.nbytes())
+        self.setup_bytes = (up, down)
+
+    def augment(self, cid, data, *, generator):
+        p = self.p
+        dev = data.x.device
+        Z = fedmc.calibrate(data.x.cpu(), self.dictionary, self.B, formulation=p["formulation"], method=p["method"],
+                            scale=p["scale"], n_per_sample=p["n_per_sample"], steps=p["steps"], generator=generator)
+        return Z.to(dev), data.y.repeat_interleave(p["n_per_sample"])
+
+
+AUGMENTERS = {"none": Augmenter, "ggeur": GGEURAugmenter, "fedmc": FedMCAugmenter}
+
+
+def build_augmenter(name: str, **params) -> Augmenter:
+    if name not in AUGMENTERS:
+        raise ValueError(f"augmenter={name!r} is not known; choose one of {sorted(AUGMENTERS)}")
+    return AUGMENTERS[name](**params)

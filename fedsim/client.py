@@ -1,0 +1,38 @@
+"""The one local-training loop every algorithm runs through its hooks."""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from .algorithms.base import Algorithm, ClientContext, ClientUpdate, params_of
+
+
+def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size: int,
+                momentum: float = 0.9, weight_decay: float = 0.0,
+                generator: torch.Generator | None = None) -> ClientUpdate:
+    model = ctx.model
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=momentum, weight_decay=weight_decay)
+    algo.begin_client(ctx)
+    n = ctx.x.shape[0]
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator).to(ctx.x.device)
+        for i in range(0, n, batch_size):
+            idx = perm[i:i + batch_size]
+            xb, yb = ctx.x[idx], ctx.y[idx]
+            logits, feats = model(xb)
+            loss = F.cross_entropy(logits, yb)
+            extra = algo.extra_loss(ctx, xb, yb, logits, feats)
+            if extra is not None:
+                loss = loss + extra
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            algo.before_step(ctx)
+            opt.step()
+            ctx.steps += 1
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+    extras = algo.end_client(ctx)
+    return ClientUpdate(cid=ctx.cid, params=params_of(model), n_samples=ctx.n_real,
+                        loss=total / max(count, 1), extras=extras)

@@ -1,0 +1,150 @@
+"""The fedsim dataset: frozen embeddings + labels (+ optional domain ids), a train/test split.
+
+On disk: ``.npz`` (numpy, loaded with allow_pickle=False) or ``.safetensors`` (metadata as JSON),
+with keys x_train (n, D) float, y_train (n,) int, x_test, y_test, optional d_train/d_test domain
+ids, and metadata: class_names, domain_names (or empty), and a free-form ``meta`` dict
+(provenance, encoder, whether embeddings are L2-normalised).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+EMBEDDED_DIR = Path(__file__).parent
+EMBEDDED = {"default": "wordnet_minilm.npz"}
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    class_names: list[str]
+    d_train: torch.Tensor | None = None
+    d_test: torch.Tensor | None = None
+    domain_names: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def dim(self) -> int:
+        return self.x_train.shape[1]
+
+    @property
+    def n_domains(self) -> int:
+        return len(self.domain_names)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        where = f"dataset {self.name!r}"
+        for split in ("train", "test"):
+            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
+                raise ValueError(f"{where}: x_{split} must be a 2-D float tensor")
+            if x.shape[0] == 0:
+                raise ValueError(f"{where}: x_{split} is empty")
+            if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],) or y.dtype.is_floating_point:
+                raise ValueError(f"{where}: y_{split} must be integer labels of shape ({x.shape[0]},)")
+            if not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{where}: x_{split} contains NaN/Inf")
+            if int(y.min()) < 0 or int(y.max()) >= len(self.class_names):
+                raise ValueError(f"{where}: y_{split} has labels outside [0, {len(self.class_names)}) "
+                                 "(class_names lists fewer classes than the labels use)")
+            d = getattr(self, f"d_{split}")
+            if d is not None:
+                if d.shape != (x.shape[0],) or d.dtype.is_floating_point:
+                    raise ValueError(f"{where}: d_{split} must be integer domain ids of shape ({x.shape[0]},)")
+                if int(d.min()) < 0 or int(d.max()) >= max(1, len(self.domain_names)):
+                    raise ValueError(f"{where}: d_{split} has ids outside the {len(self.domain_names)} domain_names")
+        if self.x_train.shape[1] != self.x_test.shape[1]:
+            raise ValueError(f"{where}: train and test embeddings differ in dimension "
+                             f"({self.x_train.shape[1]} vs {self.x_test.shape[1]})")
+        if (self.d_train is None) != (self.d_test is None):
+            raise ValueError(f"{where}: domain ids must be given for both splits or neither")
+
+    def summary(self) -> str:
+        dom = f", {self.n_domains} domains" if self.n_domains else ""
+        return (f"{self.name}: {self.x_train.shape[0]} train / {self.x_test.shape[0]} test, "
+                f"D={self.dim}, {self.n_classes} classes{dom}")
+
+
+_ARRAYS = ("x_train", "y_train", "x_test", "y_test", "d_train", "d_test")
+
+
+def save_dataset(ds: Dataset, path) -> Path:
+    """Write ``ds`` as .npz or .safetensors (by suffix); embeddings keep their dtype."""
+    path = Path(path)
+    arrays = {k: getattr(ds, k).cpu().numpy() for k in _ARRAYS if getattr(ds, k) is not None}
+    header = {"name": ds.name, "class_names": list(ds.class_names),
+              "domain_names": list(ds.domain_names), "meta": ds.meta}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    if path.suffix == ".npz":
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, header=np.array(json.dumps(header)), **arrays)
+    elif path.suffix == ".safetensors":
+        from safetensors.numpy import save_file
+
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp),
+                  metadata={"fedsim_dataset": json.dumps(header)})
+    else:
+        raise ValueError(f"dataset file {path} must end in .npz or .safetensors")
+    tmp.replace(path)  # never leave a half-written file under the final name
+    return path
+
+
+def load_dataset(source) -> Dataset:
+    """Load a dataset from a file path, or an embedded one by name (``"default"``)."""
+    if isinstance(source, Dataset):
+        return source
+    if isinstance(source, str) and source in EMBEDDED:
+        path = EMBEDDED_DIR / EMBEDDED[source]
+        if not path.is_file():
+            raise FileNotFoundError(f"the embedded dataset {source!r} ({path}) is missing from this "
+                                    "installation; rebuild it with scripts/build_default_dataset.py")
+    else:
+        path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {path} does not exist (embedded names: {sorted(EMBEDDED)})")
+    try:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                header = json.loads(str(z["header"]))
+                arrays = {k: z[k] for k in _ARRAYS if k in z.files}
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="np") as f:
+                header = json.loads((f.metadata() or {})["fedsim_dataset"])
+                arrays = {k: f.get_tensor(k) for k in f.keys()}
+        else:
+            raise ValueError("the file must end in .npz or .safetensors")
+    except (KeyError, ValueError, OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a valid fedsim dataset: {exc}") from None
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
+    if missing:
+        raise ValueError(f"{path} is not a valid fedsim dataset: missing arrays {missing}")
+
+    def t(k, dtype=None):
+        if k not in arrays:
+            return None
+        a = torch.from_numpy(np.array(arrays[k]))
+        return a.to(dtype) if dtype is not None else a
+
+    x_dtype = torch.float32 if arrays["x_train"].dtype == np.float16 else None
+    return Dataset(name=header.get("name", path.stem), x_train=t("x_train", x_dtype),
+                   y_train=t("y_train", torch.int64), x_test=t("x_test", x_dtype),
+                   y_test=t("y_test", torch.int64), class_names=list(header["class_names"]),
+                   d_train=t("d_train", torch.int64), d_test=t("d_test", torch.int64),
+                   domain_names=list(header.get("domain_names", [])), meta=dict(header.get("meta", {})))

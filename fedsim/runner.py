@@ -1,0 +1,289 @@
+"""The one round loop: every algorithm x augmenter is a configuration of it.
+
+Determinism: all randomness is derived from (seed, round, client) — client sampling, shuffling,
+augmentation — so a run resumed from its last checkpoint continues exactly as an uninterrupted
+one. Each (method, seed) writes ``checkpoint.pt`` after every round (atomic rename); the run's
+``results.json`` appears only when every method and seed has finished. Timings go to
+``timings.json`` (they differ between runs; the results do not).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .algorithms import ALGORITHMS, build_algorithm
+from .algorithms.base import ClientContext
+from .augmenters import AUGMENTERS, ClientData, build_augmenter
+from .client import local_train
+from .data import load_dataset
+from .data.partition import SCHEMES, partition
+from .models import MODELS, build_model
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    algorithm: str = "fedavg"
+    augmenter: str = "none"
+    algorithm_params: dict = field(default_factory=dict)
+    augmenter_params: dict = field(default_factory=dict)
+
+
+def default_methods() -> list[MethodSpec]:
+    return [MethodSpec("FedAvg"), MethodSpec("FedAvg+GGEUR", augmenter="ggeur"),
+            MethodSpec("FedAvg+FedMC", augmenter="fedmc")]
+
+
+@dataclass
+class RunConfig:
+    dataset: str = "default"
+    partition: str = "dirichlet"
+    beta: float = 0.1
+    n_clients: int = 10
+    min_size: int = 10
+    client_fraction: float = 1.0
+    rounds: int = 30
+    local_epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    model: str = "linear"
+    model_params: dict = field(default_factory=dict)
+    methods: list[MethodSpec] = field(default_factory=default_methods)
+    seed: int = 0
+    seeds: int = 1
+    device: str = "cpu"
+
+    def validate(self) -> "RunConfig":
+        def bad(name, why):
+            raise ValueError(f"config: {name} {why}")
+
+        if self.partition not in SCHEMES:
+            bad("partition", f"must be one of {SCHEMES}, got {self.partition!r}")
+        if not self.beta > 0:
+            bad("beta", f"must be > 0 (the Dirichlet concentration), got {self.beta}")
+        for name in ("n_clients", "rounds", "local_epochs", "batch_size", "seeds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(name, f"must be an integer >= 1, got {v!r}")
+        if not 0 < self.client_fraction <= 1:
+            bad("client_fraction", f"must lie in (0, 1], got {self.client_fraction}")
+        if not self.lr > 0:
+            bad("lr", f"must be > 0, got {self.lr}")
+        if self.model not in MODELS:
+            bad("model", f"must be one of {sorted(MODELS)}, got {self.model!r}")
+        if not self.methods:
+            bad("methods", "is empty")
+        names = [m.name for m in self.methods]
+        if len(set(names)) != len(names):
+            bad("methods", f"have duplicate names {names}")
+        for m in self.methods:
+            if m.algorithm.lower() not in ALGORITHMS:
+                bad(f"methods[{m.name}].algorithm", f"must be one of {sorted(ALGORITHMS)}, got {m.algorithm!r}")
+            if m.augmenter not in AUGMENTERS:
+                bad(f"methods[{m.name}].augmenter", f"must be one of {sorted(AUGMENTERS)}, got {m.augmenter!r}")
+            build_algorithm(m.algorithm, **m.algorithm_params)  # unknown hyper-parameters raise here
+            build_augmenter(m.augmenter, **m.augmenter_params)
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            bad("device", f"is {self.device!r} but CUDA is not available here")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"config: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        d = dict(d)
+        if "methods" in d:
+            mk = {f.name for f in fields(MethodSpec)}
+            methods = []
+            for i, m in enumerate(d["methods"]):
+                if not isinstance(m, dict) or "name" not in m or set(m) - mk:
+                    raise ValueError(f"config: methods[{i}] must be a table with 'name' and only {sorted(mk)}")
+                methods.append(MethodSpec(**m))
+            d["methods"] = methods
+        return cls(**d)
+
+
+def load_config(path) -> RunConfig:
+    """A TOML config file (top-level keys = RunConfig fields; [[methods]] tables)."""
+    import tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    return RunConfig.from_dict(data)
+
+
+# ------------------------------------------------------------------------------ helpers
+def _gen(*key: int) -> torch.Generator:
+    """A generator seeded from a tuple key, independent of any global RNG state."""
+    seq = np.random.SeedSequence(list(key))
+    return torch.Generator().manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> 1))
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _atomic_json(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+@torch.no_grad()
+def evaluate(model, x, y, d=None, n_domains: int = 0) -> tuple[float, list[float]]:
+    model.eval()
+    pred = model(x)[0].argmax(1)
+    correct = (pred == y).to(torch.float64)
+    per_domain = [float(correct[d == k].mean()) for k in range(n_domains)] if d is not None else []
+    return float(correct.mean()), per_domain
+
+
+def slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in name).strip("-").lower()
+
+
+# ------------------------------------------------------------------------------ one method, one seed
+def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: Path,
+               *, progress: bool = True) -> tuple[dict, dict]:
+    """Train ``spec`` for cfg.rounds rounds (continuing from run_dir/checkpoint.pt if present).
+    Returns (metrics, timings)."""
+    dev = torch.device(cfg.device)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = run_dir / "checkpoint.pt"
+    clients = [ClientData(ds.x_train[p].to(dev), ds.y_train[p].to(dev),
+                          None if ds.d_train is None else ds.d_train[p].to(dev)) for p in parts]
+    x_test, y_test = ds.x_test.to(dev), ds.y_test.to(dev)
+    d_test = None if ds.d_test is None else ds.d_test.to(dev)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg.model, ds.dim, ds.n_classes, **cfg.model_params).to(dev)
+    algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
+    global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    history: list[dict] = []
+    timings: dict = {"rounds": []}
+    start = 0
+    if ckpt.is_file():
+        state = torch.load(ckpt, weights_only=True, map_location=dev)
+        start, global_params, history, timings = state["round"], state["global"], state["history"], state["timings"]
+        algo.load_state_dict(state["algorithm"])
+    if start >= cfg.rounds:
+        return _metrics(history, ds), timings
+
+    augmenter = build_augmenter(spec.augmenter, **spec.augmenter_params)
+    t0 = time.perf_counter()
+    augmenter.setup(clients, n_classes=ds.n_classes, seed=seed)
+    timings["geometry_setup_s"] = timings.get("geometry_setup_s", 0.0) + (time.perf_counter() - t0)
+    setup_up, setup_down = augmenter.setup_bytes
+    K = len(clients)
+    n_sel = max(1, int(round(cfg.client_fraction * K)))
+    rounds = tqdm(range(start, cfg.rounds), desc=f"{spec.name} seed {seed}", unit="round",
+                  initial=start, total=cfg.rounds, disable=not progress, leave=False)
+    for r in rounds:
+        rng = np.random.default_rng([seed, r, 17])
+        selected = sorted(rng.choice(K, n_sel, replace=False).tolist())
+        updates, up, down, t_train, t_geom = [], 0, 0, 0.0, 0.0
+        for cid in tqdm(selected, desc="clients", unit="client", disable=not progress, leave=False):
+            t0 = time.perf_counter()
+            xa, ya = augmenter.augment(cid, clients[cid], generator=_gen(seed, r, cid, 1))
+            t_geom += time.perf_counter() - t0
+            c = clients[cid]
+            model.load_state_dict(global_params)
+            ctx = ClientContext(cid=cid, round=r, model=model,
+                                global_params={k: v.detach().clone() for k, v in global_params.items()},
+                                x=torch.cat([c.x, xa.to(c.x.dtype)]), y=torch.cat([c.y, ya]),
+                                n_real=c.x.shape[0], n_classes=ds.n_classes, lr=cfg.lr)
+            t0 = time.perf_counter()
+            upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                              momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                              generator=_gen(seed, r, cid, 2))
+            t_train += time.perf_counter() - t0
+            updates.append(upd)
+            up += upd.upload_bytes()
+            down += algo.download_bytes(global_params)
+        global_params = algo.aggregate(global_params, updates, n_clients=K)
+        model.load_state_dict(global_params)
+        acc, per_domain = evaluate(model, x_test, y_test, d_test, ds.n_domains)
+        if r == 0:
+            up, down = up + setup_up, down + setup_down
+        history.append({"round": r + 1, "accuracy": acc, "per_domain": per_domain,
+                        "train_loss": float(np.mean([u.loss for u in updates])),
+                        "bytes_up": up, "bytes_down": down})
+        timings["rounds"].append({"round": r + 1, "train_s": t_train, "geometry_s": t_geom})
+        _atomic_save({"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
+                      "history": history, "timings": timings}, ckpt)
+        rounds.set_postfix(acc=f"{acc:.3f}")
+    rounds.close()
+    return _metrics(history, ds), timings
+
+
+def _metrics(history: list[dict], ds) -> dict:
+    accs = [h["accuracy"] for h in history]
+    last = history[-1]
+    out = {"final_accuracy": accs[-1], "last5_mean": float(np.mean(accs[-5:])), "accuracy": accs,
+           "train_loss": [h["train_loss"] for h in history],
+           "bytes_up": int(sum(h["bytes_up"] for h in history)),
+           "bytes_down": int(sum(h["bytes_down"] for h in history))}
+    if last["per_domain"]:
+        out["per_domain"] = dict(zip(ds.domain_names, last["per_domain"]))
+        out["per_domain_std"] = float(np.std(last["per_domain"]))
+    return out
+
+
+# ------------------------------------------------------------------------------ whole run
+def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True) -> dict:
+    """Run every method for every seed; write results.json/.csv, timings.json and plots."""
+    from . import report
+
+    out = Path(out_dir)
+    if resume:
+        cfg_path = out / "config.json"
+        if not cfg_path.is_file():
+            raise ValueError(f"--resume {out}: no config.json there, so it is not a fedsim run folder")
+        cfg = RunConfig.from_dict(json.loads(cfg_path.read_text())).validate()
+        if (out / "results.json").is_file():
+            raise ValueError(f"--resume {out}: that run already finished (results.json exists)")
+    else:
+        cfg.validate()
+        if (out / "config.json").is_file():
+            raise ValueError(f"{out} already holds a run; resume it with --resume {out} or choose "
+                             "another --out")
+    ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    partitions = {s: partition(cfg.partition, labels=ds.y_train, domains=ds.d_train, n_clients=cfg.n_clients,
+                               beta=cfg.beta, seed=s, min_size=cfg.min_size) for s in seeds}
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        _atomic_json(cfg.to_dict(), out / "config.json")
+    results = {"config": cfg.to_dict(), "dataset": ds.summary(), "methods": {}}
+    timings = {}
+    for spec in cfg.methods:
+        per_seed, tim = {}, {}
+        for s in seeds:
+            per_seed[str(s)], tim[str(s)] = run_method(cfg, spec, s, ds, partitions[s],
+                                                       out / "runs" / f"{slug(spec.name)}-seed{s}", progress=progress)
+        results["methods"][spec.name] = {"algorithm": spec.algorithm, "augmenter": spec.augmenter,
+                                         "seeds": per_seed, "summary": report.summarise(per_seed)}
+        timings[spec.name] = tim
+    report.write_outputs(results, timings, ds, partitions[seeds[0]], out)
+    return results
