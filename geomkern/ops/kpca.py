@@ -15,7 +15,10 @@ import torch
 from .. import _dispatch, _validate
 from .rbf import _sqdist, double_center, gram_reference
 
-SOLVERS = ("auto", "dense")
+SOLVERS = ("auto", "dense", "subspace")
+# auto -> subspace: it hands small clusters (block >= n/3) to dense itself; measured in
+# benchmarks/test_client_pipeline.py (3 x 1,700 points: see README).
+_SOLVER_OP = {"auto": "kpca_subspace", "subspace": "kpca_subspace", "dense": "kpca_dense"}
 
 
 @dataclass
@@ -64,8 +67,72 @@ def _buckets(sizes: list[int]) -> list[list[int]]:
     return out
 
 
-def kpca_dense_reference(X, offsets, n_components: int, gamma: float):
-    """Batched dense eigh over zero-padded centred Grams, bucketed by size.
+def dense_top(Kc: torch.Tensor, d: int):
+    """Top-d eigenpairs (descending) of a batch of symmetric (B, n, n) by full eigh."""
+    mu, U = torch.linalg.eigh(Kc)  # ascending
+    return mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
+
+
+def subspace_top(Kc: torch.Tensor, d: int, *, max_iter: int = 300, check_every: int = 4):
+    """Top-d eigenpairs of a batch of symmetric PSD (B, n, n): block subspace iteration with
+    Rayleigh-Ritz, block size k = max(2d, d + 8), from a seeded random start (deterministic).
+
+    Converged when every residual |Kc u_i - mu_i u_i| <= tol * mu_1 (tol 1e-4 in float32, 1e-12 in
+    float64; the eigenvalue error is ~ residual^2 / gap, far below those). A batch that has not
+    converged after ``max_iter`` iterations falls back to the dense solver.
+    """
+    Bsz, n, _ = Kc.shape
+    k = min(n, max(2 * d, d + 8))
+    if 3 * k > n:  # the block is a sizeable part of the matrix: dense is cheaper and exact
+        return dense_top(Kc, d)
+    tol = 1e-4 if Kc.dtype == torch.float32 else 1e-12
+    gen = torch.Generator(device=Kc.device).manual_seed(0)
+    Q = torch.linalg.qr(torch.randn(Bsz, n, k, generator=gen, dtype=Kc.dtype, device=Kc.device)).Q
+    for it in range(1, max_iter + 1):
+        KQ = Kc @ Q
+        if it % check_every == 0:
+            w, V = torch.linalg.eigh(Q.transpose(1, 2) @ KQ)
+            w, V = w.flip(-1)[:, :d], V.flip(-1)[:, :, :d]
+            U = Q @ V
+            res = (KQ @ V - U * w.unsqueeze(1)).norm(dim=1)
+            scale = w[:, :1].abs().clamp_min(torch.finfo(Kc.dtype).tiny)
+            if bool((res <= tol * scale).all()):
+                return w, U
+        Q = torch.linalg.qr(KQ).Q
+    return dense_top(Kc, d)
+
+
+def eigenpairs_from_centred_grams(Kc: torch.Tensor, colmeans: list, sizes: list, n_components: int,
+                                  top=dense_top):
+    """Top eigenpairs of b zero-padded centred Grams, normalised as kpca returns them.
+
+    Kc: (b, nmax, nmax), cluster t's H K H in its leading sizes[t] rows/columns, zeros elsewhere;
+    colmeans: b tensors (sizes[t],), the column means of the uncentred K; top: the eigen-solver.
+    Returns eigenvalues (b, d), alphas (a list of b (sizes[t], d) tensors), mean_projection (b, d).
+    Every kpca backend shares this, so only the Gram construction differs between them.
+    """
+    d = n_components
+    eigenvalues = torch.zeros(len(sizes), d, dtype=Kc.dtype, device=Kc.device)
+    mean_proj = torch.zeros(len(sizes), d, dtype=Kc.dtype, device=Kc.device)
+    alphas = []
+    eps = torch.finfo(Kc.dtype).eps
+    mu, U = top(Kc, d)
+    for t, n in enumerate(sizes):
+        mu_j, U_j = mu[t], sign_fix(U[t, :n])
+        # numpy's matrix_rank tolerance: eigenvalues below it are roundoff, their directions
+        # undefined; such components get zero alphas instead of dividing by ~0.
+        tol = max(float(mu_j[0]), 0.0) * n * eps
+        keep = mu_j > tol
+        mu_j = torch.where(keep, mu_j, torch.zeros_like(mu_j))
+        a = U_j / torch.where(keep, mu_j, torch.ones_like(mu_j)).sqrt() * keep
+        eigenvalues[t] = mu_j
+        alphas.append(a)
+        mean_proj[t] = colmeans[t] @ a
+    return eigenvalues, alphas, mean_proj
+
+
+def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
+    """Centred Grams of all clusters, zero-padded and bucketed by size, eigen-solved with ``top``.
 
     Zero padding keeps the top eigenpairs: diag(Kc, 0) has Kc's spectrum plus zeros, and the
     padded eigenvectors for positive eigenvalues are Kc's with zeros appended.
@@ -77,34 +144,37 @@ def kpca_dense_reference(X, offsets, n_components: int, gamma: float):
     eigenvalues = torch.zeros(m, d, dtype=X.dtype, device=X.device)
     alphas = torch.zeros(N, d, dtype=X.dtype, device=X.device)
     mean_proj = torch.zeros(m, d, dtype=X.dtype, device=X.device)
-    eps = torch.finfo(X.dtype).eps
     for bucket in _buckets(sizes):
         nmax = sizes[bucket[0]]
         Kc = torch.zeros(len(bucket), nmax, nmax, dtype=X.dtype, device=X.device)
         colmeans = []
         for t, j in enumerate(bucket):
             Xj = X[off[j]:off[j + 1]]
-            K = gram_reference(Xj, None, gamma, False)
+            # The RBF kernel is translation invariant; centring first removes the roundoff of the
+            # |x|^2 + |y|^2 - 2<x, y> expansion far from the origin (identical points then give
+            # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
+            K = gram_reference(Xj - Xj.mean(0), None, gamma, False)
             colmeans.append(K.mean(0))
             Kc[t, :sizes[j], :sizes[j]] = double_center(K)
-        mu, U = torch.linalg.eigh(Kc)  # ascending
-        mu, U = mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
+        mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(
+            Kc, colmeans, [sizes[j] for j in bucket], d, top)
         for t, j in enumerate(bucket):
-            n = sizes[j]
-            mu_j, U_j = mu[t], sign_fix(U[t, :n])
-            # numpy's matrix_rank tolerance: eigenvalues below it are roundoff, their directions
-            # undefined; such components get zero alphas instead of dividing by ~0.
-            tol = max(float(mu_j[0]), 0.0) * n * eps
-            keep = mu_j > tol
-            mu_j = torch.where(keep, mu_j, torch.zeros_like(mu_j))
-            a = U_j / torch.where(keep, mu_j, torch.ones_like(mu_j)).sqrt() * keep
-            eigenvalues[j] = mu_j
-            alphas[off[j]:off[j + 1]] = a
-            mean_proj[j] = colmeans[t] @ a
+            eigenvalues[j] = mu_b[t]
+            alphas[off[j]:off[j + 1]] = alphas_b[t]
+            mean_proj[j] = mean_proj_b[t]
     return eigenvalues, alphas, mean_proj
 
 
+def kpca_dense_reference(X, offsets, n_components: int, gamma: float):
+    return _kpca_reference(X, offsets, n_components, gamma, dense_top)
+
+
+def kpca_subspace_reference(X, offsets, n_components: int, gamma: float):
+    return _kpca_reference(X, offsets, n_components, gamma, subspace_top)
+
+
 _dispatch.register("kpca_dense", "reference")(kpca_dense_reference)
+_dispatch.register("kpca_subspace", "reference")(kpca_subspace_reference)
 
 
 def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: float,
@@ -113,6 +183,9 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
 
     X: (N, D); offsets: int64 (m+1,) CSR boundaries (cluster j = rows offsets[j]:offsets[j+1]).
     Every cluster needs at least ``n_components`` points. Returns a :class:`KPCAFit`.
+    solver: "dense" (full batched eigh of the zero-padded centred Grams), "subspace" (top-d
+    block subspace iteration with Rayleigh-Ritz and a residual check; dense for small clusters),
+    "auto" (= subspace).
     """
     X = _validate.tensor("X", X, ndim=2)
     offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
@@ -124,7 +197,7 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
         j = int(sizes.argmin())
         raise ValueError(f"n_components={d} is larger than cluster {j}'s size {int(sizes[j])}; "
                          "lower n_components or merge small clusters")
-    mu, alphas, mean_proj = _dispatch.implementation("kpca_dense", X.device.type)(X, offsets, d, g)
+    mu, alphas, mean_proj = _dispatch.implementation(_SOLVER_OP[solver], X.device.type)(X, offsets, d, g)
     n = sizes.to(device=X.device, dtype=X.dtype).unsqueeze(1)
     return KPCAFit(eigenvalues=mu, variances=mu / n, alphas=alphas, mean_projection=mean_proj,
                    offsets=offsets)
