@@ -1,0 +1,210 @@
+"""fedsim: partitioners, the round loop (resume, reproducibility), configs and CLI errors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim import runner
+from fedsim.data import Dataset, save_dataset
+from fedsim.data import partition as P
+from fedsim.runner import MethodSpec, RunConfig
+
+
+@pytest.fixture(scope="module")
+def blobs(tmp_path_factory):
+    """6 classes of unit-norm Gaussian blobs in D=16 (2 domains), saved as a dataset file."""
+    g = torch.Generator().manual_seed(0)
+    C, D = 6, 16
+    mu = torch.randn(C, D, generator=g)
+
+    def make(n):
+        y = torch.randint(0, C, (n,), generator=g)
+        x = mu[y] + 0.8 * torch.randn(n, D, generator=g)
+        return x / x.norm(dim=1, keepdim=True), y, torch.randint(0, 2, (n,), generator=g)
+
+    xt, yt, dt = make(1200)
+    xs, ys, ds = make(300)
+    ds_ = Dataset("blobs", xt, yt, xs, ys, [f"c{i}" for i in range(C)], d_train=dt, d_test=ds,
+                  domain_names=["a", "b"])
+    path = tmp_path_factory.mktemp("data") / "blobs.npz"
+    save_dataset(ds_, path)
+    return path
+
+
+# ------------------------------------------------------------------------------ partitioners
+def test_iid_partition_covers_everything_once():
+    parts = P.iid(103, 10, seed=1)
+    allidx = torch.cat(parts)
+    assert sorted(allidx.tolist()) == list(range(103))
+    assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+
+
+@pytest.mark.parametrize("beta", [0.05, 0.1, 0.5, 100.0])
+def test_dirichlet_partition_properties(beta):
+    rng = np.random.default_rng(0)
+    y = torch.from_numpy(rng.integers(0, 10, 5000))
+    parts = P.dirichlet(y, 10, beta=beta, seed=3, min_size=10)
+    allidx = torch.cat(parts)
+    assert sorted(allidx.tolist()) == list(range(5000))  # a partition: disjoint and complete
+    assert min(len(p) for p in parts) >= 10
+    assert [p.tolist() for p in parts] == [p.tolist() for p in P.dirichlet(y, 10, beta=beta, seed=3)]
+    assert [p.tolist() for p in parts] != [p.tolist() for p in P.dirichlet(y, 10, beta=beta, seed=4)]
+    M = P.class_matrix(parts, y, 10).astype(float)
+    share = (M / M.sum(1, keepdims=True)).max(1).mean()  # how dominated clients are by one class
+    if beta <= 0.1:
+        assert share > 0.6
+    if beta >= 100:
+        assert share < 0.2  # nearly IID: ~0.1 per class
+
+
+def test_dirichlet_skew_grows_as_beta_falls():
+    y = torch.from_numpy(np.random.default_rng(0).integers(0, 10, 5000))
+    share = []
+    for beta in (10.0, 0.5, 0.05):
+        M = P.class_matrix(P.dirichlet(y, 10, beta=beta, seed=0), y, 10).astype(float)
+        share.append((M / M.sum(1, keepdims=True)).max(1).mean())
+    assert share[0] < share[1] < share[2]
+
+
+def test_domain_and_label_domain_partitions():
+    rng = np.random.default_rng(0)
+    d = torch.from_numpy(rng.integers(0, 3, 3000))
+    y = torch.from_numpy(rng.integers(0, 5, 3000))
+    parts = P.domain_skew(d, seed=0)
+    assert len(parts) == 6  # 2 x domains by default
+    for p in parts:
+        assert len(torch.unique(d[p])) == 1
+    assert sorted(torch.cat(parts).tolist()) == list(range(3000))
+    parts = P.label_domain_skew(y, d, beta=0.3, seed=0)
+    assert len(parts) == 6 and sorted(torch.cat(parts).tolist()) == list(range(3000))
+    for p in parts:
+        assert len(torch.unique(d[p])) == 1
+
+
+def test_partition_errors():
+    y = torch.zeros(50, dtype=torch.int64)
+    with pytest.raises(ValueError, match="beta"):
+        P.dirichlet(y, 5, beta=0.0, seed=0)
+    with pytest.raises(ValueError, match="clients"):
+        P.dirichlet(y, 10, beta=0.5, seed=0, min_size=10)  # 10 x 10 > 50 samples
+    with pytest.raises(ValueError, match="domain ids"):
+        P.partition("domain", labels=y, domains=None, n_clients=4)
+    with pytest.raises(ValueError, match="partition"):
+        P.partition("zipf", labels=y, n_clients=4)
+
+
+# ------------------------------------------------------------------------------ round loop
+def _cfg(path, **kw):
+    base = dict(dataset=str(path), rounds=3, n_clients=4, beta=0.5, batch_size=32, min_size=5,
+                methods=[MethodSpec("FedAvg")])
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _results(out):
+    return json.loads((out / "results.json").read_text())
+
+
+def test_same_seed_same_results_json(tmp_path, blobs):
+    a = runner.run(_cfg(blobs), tmp_path / "a", progress=False)
+    b = runner.run(_cfg(blobs), tmp_path / "b", progress=False)
+    assert (tmp_path / "a" / "results.json").read_text() == (tmp_path / "b" / "results.json").read_text()
+    c = runner.run(_cfg(blobs, seed=1), tmp_path / "c", progress=False)
+    assert a["methods"]["FedAvg"]["seeds"] != c["methods"]["FedAvg"]["seeds"]
+    assert a == b
+
+
+@pytest.mark.parametrize("algorithm,augmenter", [("fedavg", "fedmc"), ("scaffold", "ggeur")])
+def test_resume_equals_uninterrupted(tmp_path, blobs, monkeypatch, algorithm, augmenter):
+    cfg = _cfg(blobs, rounds=4, methods=[MethodSpec("m", algorithm=algorithm, augmenter=augmenter)])
+    runner.run(cfg, tmp_path / "full", progress=False)
+    calls = {"n": 0}
+    real = runner.evaluate
+
+    def crash_after_two(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "evaluate", crash_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(cfg, tmp_path / "cut", progress=False)
+    assert not (tmp_path / "cut" / "results.json").exists()  # no finished-looking output
+    state = torch.load(tmp_path / "cut" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)
+    assert state["round"] == 2
+    if algorithm == "scaffold":  # control variates are checkpointed
+        assert state["algorithm"], "SCAFFOLD state missing from the checkpoint"
+    monkeypatch.setattr(runner, "evaluate", real)
+    runner.run(RunConfig(), tmp_path / "cut", resume=True, progress=False)
+    assert _results(tmp_path / "cut") == _results(tmp_path / "full")
+    with pytest.raises(ValueError, match="already finished"):
+        runner.run(RunConfig(), tmp_path / "cut", resume=True, progress=False)
+
+
+@pytest.mark.parametrize("augmenter", ["none", "ggeur", "fedmc"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox"])
+def test_each_augmenter_with_two_algorithms(tmp_path, blobs, algorithm, augmenter):
+    cfg = _cfg(blobs, rounds=2, methods=[MethodSpec("m", algorithm=algorithm, augmenter=augmenter)])
+    res = runner.run(cfg, tmp_path / "o", progress=False)["methods"]["m"]["seeds"]["0"]
+    assert res["final_accuracy"] > 1 / 6 + 0.2  # well above chance on separable blobs
+    assert len(res["accuracy"]) == 2
+    if augmenter != "none":  # the geometry exchange is accounted
+        plain = runner.run(_cfg(blobs, rounds=2, methods=[MethodSpec("m", algorithm=algorithm)]),
+                           tmp_path / "p", progress=False)["methods"]["m"]["seeds"]["0"]
+        assert res["bytes_up"] > plain["bytes_up"] and res["bytes_down"] > plain["bytes_down"]
+    for f in ("results.json", "results.csv", "timings.json", "accuracy.png", "partition.png", "config.json"):
+        assert (tmp_path / "o" / f).is_file(), f
+
+
+def test_multi_seed_summary(tmp_path, blobs):
+    res = runner.run(_cfg(blobs, rounds=2, seeds=2), tmp_path / "o", progress=False)
+    m = res["methods"]["FedAvg"]
+    assert set(m["seeds"]) == {"0", "1"}
+    accs = [m["seeds"][s]["final_accuracy"] for s in ("0", "1")]
+    assert m["summary"]["final_accuracy"]["mean"] == pytest.approx(np.mean(accs))
+    assert m["summary"]["final_accuracy"]["std"] == pytest.approx(np.std(accs))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(methods=[MethodSpec("x", algorithm="fedsgd")]), "algorithm"),
+    (dict(methods=[MethodSpec("x", augmenter="mixup")]), "augmenter"),
+    (dict(beta=0.0), "beta"),
+    (dict(beta=-1.0), "beta"),
+    (dict(n_clients=500), "clients"),
+    (dict(rounds=0), "rounds"),
+    (dict(methods=[MethodSpec("x", algorithm="fedprox", algorithm_params={"mu2": 1})]), "mu2"),
+])
+def test_bad_configs_fail_clearly_and_leave_no_run(tmp_path, blobs, change, match):
+    with pytest.raises(ValueError, match=match):
+        runner.run(_cfg(blobs, **change), tmp_path / "o", progress=False)
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_missing_or_malformed_dataset(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        runner.run(_cfg(tmp_path / "nope.npz"), tmp_path / "o", progress=False)
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="not a valid fedsim dataset"):
+        runner.run(_cfg(bad), tmp_path / "o2", progress=False)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o2").exists()
+
+
+def test_config_file_and_cli(tmp_path, blobs, capsys):
+    from fedsim.cli import main
+
+    cfgfile = tmp_path / "c.toml"
+    cfgfile.write_text(f'dataset = "{blobs}"\nrounds = 2\nn_clients = 4\nmin_size = 5\nbeta = 0.5\n'
+                       '[[methods]]\nname = "FedProx"\nalgorithm = "fedprox"\n[methods.algorithm_params]\nmu = 0.1\n')
+    assert main(["run", "--config", str(cfgfile), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "FedProx" in out and "final acc" in out
+    assert main(["run", "--config", str(cfgfile), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    cfgfile.write_text('rounds = 2\nlearning_rate = 3\n')
+    assert main(["run", "--config", str(cfgfile), "--out", str(tmp_path / "o3"), "--quiet"]) == 2
+    assert "learning_rate" in capsys.readouterr().err
