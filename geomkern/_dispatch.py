@@ -19,7 +19,7 @@ _HOW_TO_GET = {
         "the compiled extension geomkern._C is built by setup.py: reinstall from the source tree "
         "with `pip install --no-build-isolation .` (needs a C++ compiler and torch installed first)"
     ),
-    "triton": "no op has a Triton kernel in this version of geomkern",
+    "triton": "install triton: `pip install triton` (or `pip install geomkern[triton]`)",
     "cupy": "no op has a CuPy path in this version of geomkern",
 }
 
@@ -63,6 +63,11 @@ def _backend_is_built(name: str) -> tuple[bool, str]:
         from .backends import native
 
         return native.is_available(), native.load_error()
+    if name == "triton":
+        from .backends import triton
+
+        if not triton.is_available():
+            return False, triton.load_error()
     if not any(name in e.impls for e in _REGISTRY.values()):
         return False, _HOW_TO_GET[name]
     return True, ""
@@ -166,4 +171,4 @@ def registered_ops() -> dict[str, tuple[str, ...]]:
 
 def _ensure_loaded():
     # Fast backends register themselves on import; importing is cheap and idempotent.
-    from .backends import native  # noqa: F401
+    from .backends import native, triton  # noqa: F401

@@ -52,14 +52,21 @@ def _kmeanspp(Xp, mask, k: int, gen: torch.Generator):
     return centers
 
 
-def kmeans_reference(X, offsets, k: int, iters: int, seed: int):
+def assign_reference(P, C):
+    """Nearest centre of every point: P (m, n, D), C (m, k, D) -> (m, n) int64, first on ties."""
+    return _bsqdist(P, C).argmin(-1)
+
+
+def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
+    """k-means++ init and Lloyd iterations over all segments; ``assign`` is the nearest-centre
+    step (:func:`assign_reference` or a backend's fused kernel), the only part backends replace."""
     Xp, mask, off, sizes = _pad(X, offsets)
     gen = torch.Generator(device=X.device).manual_seed(seed)
     centers = _kmeanspp(Xp, mask, k, gen)
     weights = mask.to(X.dtype)
     labels = None
     for _ in range(iters + 1):
-        new_labels = _bsqdist(Xp, centers).argmin(-1)  # (m, n)
+        new_labels = assign(Xp, centers)  # (m, n)
         if labels is not None and bool(((new_labels != labels) & mask).sum() == 0):
             break  # assignments stable: centres are the means of their points
         labels = new_labels
@@ -70,6 +77,10 @@ def kmeans_reference(X, offsets, k: int, iters: int, seed: int):
         centers = torch.where(cnt.unsqueeze(-1) > 0, sums / cnt.clamp_min(1).unsqueeze(-1), centers)
     flat = torch.cat([labels[j, :sizes[j]] for j in range(len(sizes))])
     return flat, centers
+
+
+def kmeans_reference(X, offsets, k: int, iters: int, seed: int):
+    return lloyd(X, offsets, k, iters, seed, assign_reference)
 
 
 _dispatch.register("kmeans", "reference")(kmeans_reference)

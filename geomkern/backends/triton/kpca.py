@@ -1,0 +1,153 @@
+"""Triton kernels for batched kernel PCA: segmented Grams of all clusters in one launch, and the
+projection of every cluster's components onto basis points with K(X, B) never stored.
+
+kpca_dense / kpca_subspace here only build the centred Grams differently from
+geomkern.ops.kpca's references (one fused launch per size bucket instead of per-cluster torch
+ops); the eigen-solves (dense_top / subspace_top) and every normalisation after them are the
+reference's own (``eigenpairs_from_centred_grams``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import _dispatch
+from ...ops.kpca import _buckets, dense_top, eigenpairs_from_centred_grams, subspace_top
+from . import _common as C
+from .rbf import _sqdist_tile, sym_gram
+
+
+@triton.jit
+def _segment_mean_kernel(X, Offsets, Out, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                         ACC: tl.constexpr):
+    """Out[j, cols] = mean of rows Offsets[j] : Offsets[j + 1] of X (0 for an empty segment);
+    a fixed summation order, so the means (and the Grams built on them) are deterministic."""
+    j = tl.program_id(0)
+    rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    start = tl.load(Offsets + j)
+    end = tl.load(Offsets + j + 1)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=ACC)
+    for r0 in range(start, end, BLOCK_R):
+        rr = r0 + tl.arange(0, BLOCK_R)
+        acc += tl.load(X + rr.to(tl.int64)[:, None] * D + rd[None, :],
+                       mask=(rr[:, None] < end) & (rd[None, :] < D), other=0.0).to(ACC)
+    n = tl.maximum(end - start, 1).to(ACC)
+    tl.store(Out + j.to(tl.int64) * D + rd, tl.sum(acc, 0) / n, mask=rd < D)
+
+
+@triton.jit
+def _projection_kernel(X, Alphas, Offsets, B, Params, Out, D, S, d, BLOCK_A: tl.constexpr,
+                       BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+                       PRECISION: tl.constexpr, ACC: tl.constexpr):
+    """Out[j, :, cols] = Alphas[rows of j]^T @ K(X[rows of j], B[cols]): the segment's rows are
+    streamed in BLOCK_A tiles, each K tile is consumed by a second tl.dot in registers."""
+    j = tl.program_id(0)
+    rs = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    rc = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    start = tl.load(Offsets + j)
+    end = tl.load(Offsets + j + 1)
+    gamma = tl.load(Params)
+    acc = tl.zeros((BLOCK_C, BLOCK_S), dtype=ACC)
+    for a0 in range(start, end, BLOCK_A):
+        ra = a0 + tl.arange(0, BLOCK_A)
+        d2 = _sqdist_tile(X, B, ra, rs, end, S, D, X, False, BLOCK_A, BLOCK_S, BLOCK_K, PRECISION,
+                          ACC)
+        k = tl.where(ra[:, None] < end, tl.exp(-gamma * d2), 0.0)
+        # alpha^T tile (BLOCK_C, BLOCK_A); components past d are zero rows of the dot
+        a = tl.load(Alphas + ra.to(tl.int64)[None, :] * d + rc[:, None],
+                    mask=(ra[None, :] < end) & (rc[:, None] < d), other=0.0)
+        acc = tl.dot(a.to(ACC), k, acc, input_precision=PRECISION)
+    tl.store(Out + j.to(tl.int64) * d * S + rc[:, None] * S + rs[None, :],
+             acc.to(Out.dtype.element_ty), mask=(rc[:, None] < d) & (rs[None, :] < S))
+
+
+# ------------------------------------------------------------------------------------ launchers
+
+def segment_means(X: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(m, D) per-segment means of X's rows in float32 (float64 for float64 X); 0 for empty."""
+    X = X.contiguous()
+    m, D = offsets.numel() - 1, X.shape[1]
+    out = C.empty((m, D), C.compute_dtype(X.dtype), X.device)
+    if m and D:
+        BLOCK_D = C.block(D, 16, 128)
+        _segment_mean_kernel[(m, triton.cdiv(D, BLOCK_D))](
+            X, offsets, out, D, BLOCK_R=32, BLOCK_D=BLOCK_D, ACC=C.acc_type(X.dtype))
+    return out
+
+
+def segmented_gram(X: torch.Tensor, offsets: torch.Tensor, gamma: float, center: bool = False,
+                   precision: str = "ieee") -> torch.Tensor:
+    """RBF Grams of all segments of X in one launch (two with ``center``), zero-padded.
+
+    X: (N, D); offsets: int64 (m+1,) CSR boundaries on X's device (empty segments allowed).
+    Returns (m, nmax, nmax) in X's dtype, nmax the largest segment: segment j's Gram (exact unit
+    diagonal, exactly symmetric) or its double-centred H K H in the leading n_j x n_j block,
+    zeros elsewhere. Each segment is moved to its mean first (as kpca's reference does).
+    """
+    sizes = offsets[1:] - offsets[:-1]
+    nmax = int(sizes.max()) if sizes.numel() else 0  # the output shape: one host sync
+    return sym_gram(X, offsets[:-1], sizes, nmax, gamma, center, precision,
+                    shifts=segment_means(X, offsets))[0]
+
+
+def _kpca(X, offsets, n_components: int, gamma: float, top, precision: str):
+    """Clusters bucketed by size as the reference does (at most 2x padding per side), one fused
+    centred-Gram launch per bucket, then the reference's eigen-solve ``top`` and normalisation."""
+    m, d, N = offsets.numel() - 1, n_components, X.shape[0]
+    off = offsets.tolist()
+    sizes = [off[j + 1] - off[j] for j in range(m)]
+    dev, dtype = X.device, X.dtype
+    eigenvalues = torch.zeros(m, d, dtype=dtype, device=dev)
+    alphas = torch.zeros(N, d, dtype=dtype, device=dev)
+    mean_proj = torch.zeros(m, d, dtype=dtype, device=dev)
+    means = segment_means(X, offsets)
+    starts, counts = offsets[:-1], offsets[1:] - offsets[:-1]
+    for bucket in _buckets(sizes):
+        idx = torch.tensor(bucket, dtype=torch.int64, device=dev)
+        Kc, row_means = sym_gram(X, starts[idx], counts[idx], sizes[bucket[0]], gamma, True,
+                                 precision, shifts=means[idx])
+        bsizes = [sizes[j] for j in bucket]
+        # K is symmetric: its column means are its row means
+        colmeans = [row_means[t, :n].to(dtype) for t, n in enumerate(bsizes)]
+        mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(Kc, colmeans, bsizes, d, top)
+        for t, j in enumerate(bucket):
+            eigenvalues[j] = mu_b[t]
+            alphas[off[j]:off[j + 1]] = alphas_b[t]
+            mean_proj[j] = mean_proj_b[t]
+    return eigenvalues, alphas, mean_proj
+
+
+def kpca_dense(X, offsets, n_components: int, gamma: float, precision: str = "ieee"):
+    """Same contract as geomkern.ops.kpca.kpca_dense_reference (full batched eigh)."""
+    return _kpca(X, offsets, n_components, gamma, dense_top, precision)
+
+
+def kpca_subspace(X, offsets, n_components: int, gamma: float, precision: str = "ieee"):
+    """Same contract as geomkern.ops.kpca.kpca_subspace_reference (block subspace iteration)."""
+    return _kpca(X, offsets, n_components, gamma, subspace_top, precision)
+
+
+def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = "ieee"):
+    """betas (m, d, S): betas[j] = alphas[rows of j]^T K(X[rows of j], B), all clusters in one
+    launch; an empty segment gives zeros."""
+    X, alphas, B = X.contiguous(), alphas.contiguous(), B.contiguous()
+    m, d, S, D = offsets.numel() - 1, alphas.shape[1], B.shape[0], X.shape[1]
+    out = C.empty((m, d, S), X.dtype, X.device)
+    if out.numel() == 0:
+        return out
+    f64 = X.dtype == torch.float64
+    BLOCK_S = C.block(S, 16, 32 if f64 else 64)
+    BLOCK_C = C.block(d, 16, 64)
+    _projection_kernel[(m, triton.cdiv(S, BLOCK_S), triton.cdiv(d, BLOCK_C))](
+        X, alphas, offsets, B, C.scalars(X.device, X.dtype, gamma), out, D, S, d,
+        BLOCK_A=32 if f64 else 64, BLOCK_S=BLOCK_S, BLOCK_K=16 if f64 else 32, BLOCK_C=BLOCK_C,
+        PRECISION=C.dot_precision(X.dtype, precision), ACC=C.acc_type(X.dtype))
+    return out
+
+
+# --------------------------------------------------------------------------------- registration
+
+_dispatch.register("kpca_dense", "triton")(kpca_dense)
+_dispatch.register("kpca_subspace", "triton")(kpca_subspace)
+_dispatch.register("project_onto_basis", "triton")(project_onto_basis)

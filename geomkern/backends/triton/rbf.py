@@ -1,0 +1,274 @@
+"""Triton RBF kernels: fused Gram matrices (cross, symmetric, and symmetric for many segments in
+one launch) and K(X, Y) @ V without storing K. Same math as geomkern.ops.rbf's references:
+K_ij = exp(-gamma * max(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>, 0)).
+
+Each tile is one kernel: the norms are summed from the same (rows, BLOCK_K) slabs that feed the
+tiled tl.dot, and exp is the epilogue. tl.dot accumulates in float32 (float64 for float64
+inputs); ``precision="tf32"`` lets float32 operands use TF32 tensor cores (about 1e-3 relative
+error on the dot, so ~gamma * |x|^2 * 1e-3 relative on K), "ieee" (the default) does not.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import _dispatch
+from . import _common as C
+
+
+@triton.jit
+def _sqdist_tile(X, Y, rm, rn, n_x, n_y, D, Shift, SHIFT: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                 ACC: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) squared distances, clamped at 0, between rows rm of X (n_x, D) and rows
+    rn of Y (n_y, D) (row-major); rows past n_x / n_y are not loaded. SHIFT: subtract the
+    (D,) vector Shift from every row first (distances are translation invariant; near the data's
+    mean the |x|^2 + |y|^2 - 2<x, y> expansion loses far less to cancellation)."""
+    xy = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    xx = tl.zeros((BLOCK_M,), dtype=ACC)
+    yy = tl.zeros((BLOCK_N,), dtype=ACC)
+    rk = tl.arange(0, BLOCK_K)
+    x_rows = X + rm.to(tl.int64)[:, None] * D
+    y_rows = Y + rn.to(tl.int64)[:, None] * D
+    for k0 in range(0, D, BLOCK_K):
+        kk = k0 + rk
+        x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < n_x) & (kk[None, :] < D), other=0.0)
+        y = tl.load(y_rows + kk[None, :], mask=(rn[:, None] < n_y) & (kk[None, :] < D), other=0.0)
+        if SHIFT:
+            s = tl.load(Shift + kk, mask=kk < D, other=0.0)
+            x = (x.to(ACC) - s[None, :]).to(x.dtype)
+            y = (y.to(ACC) - s[None, :]).to(y.dtype)
+        xf = x.to(ACC)
+        yf = y.to(ACC)
+        xx += tl.sum(xf * xf, 1)
+        yy += tl.sum(yf * yf, 1)
+        xy = tl.dot(x, tl.trans(y), xy, input_precision=PRECISION)
+    return tl.maximum(xx[:, None] + yy[None, :] - 2.0 * xy, 0.0)
+
+
+@triton.jit
+def _cross_gram_kernel(X, Y, Params, K, n_x, n_y, D, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+                       ACC: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    gamma = tl.load(Params)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    d2 = _sqdist_tile(X, Y, rm, rn, n_x, n_y, D, X, False, BLOCK_M, BLOCK_N, BLOCK_K,
+                      PRECISION, ACC)
+    k = tl.exp(-gamma * d2)
+    mask = (rm[:, None] < n_x) & (rn[None, :] < n_y)
+    tl.store(K + rm.to(tl.int64)[:, None] * n_y + rn[None, :], k.to(K.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sym_gram_kernel(X, Starts, Sizes, Shifts, Params, K, RowSums, nmax, D, SHIFT: tl.constexpr,
+                     ROW_SUMS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                     PRECISION: tl.constexpr, ACC: tl.constexpr):
+    """Tile (i, j), i <= j, of segment c's Gram (rows Starts[c] : Starts[c] + Sizes[c] of X),
+    written at [c, i, j] and mirrored to [c, j, i] of the zero-padded K (m, nmax, nmax).
+    SHIFT: the segment's points are first moved by -Shifts[c] (D,), e.g. its mean.
+
+    ROW_SUMS: also write RowSums[c, t, r] = sum of row r of K over column tile t (the tile's
+    row sums, and its column sums for the mirrored tile): every (t, r) is written exactly once,
+    so the row means need no atomics and are deterministic.
+    """
+    c = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(2)
+    if pid_m > pid_n:
+        return  # lower tiles are the mirror images of upper ones
+    start = tl.load(Starts + c)
+    size = tl.load(Sizes + c)
+    rm = pid_m * BLOCK + tl.arange(0, BLOCK)
+    rn = pid_n * BLOCK + tl.arange(0, BLOCK)
+    if pid_n * BLOCK < size:
+        gamma = tl.load(Params)
+        Xc = X + start * D
+        shift = Shifts + c.to(tl.int64) * D
+        k = tl.exp(-gamma * _sqdist_tile(Xc, Xc, rm, rn, size, size, D, shift, SHIFT, BLOCK, BLOCK,
+                                         BLOCK_K, PRECISION, ACC))
+        if pid_m == pid_n:
+            # The dot need not be bitwise symmetric within a tile: symmetrise, and set the unit
+            # diagonal exactly (exp(0)), whatever the roundoff of |x|^2 + |x|^2 - 2<x, x>.
+            k = (k + tl.trans(k)) * 0.5
+            k = tl.where(rm[:, None] == rn[None, :], 1.0, k)
+        k = tl.where((rm[:, None] < size) & (rn[None, :] < size), k, 0.0)
+    else:
+        k = tl.zeros((BLOCK, BLOCK), dtype=ACC)  # all padding: no loads
+    in_m = rm < nmax
+    in_n = rn < nmax
+    Kc = K + c.to(tl.int64) * nmax * nmax
+    out_ty = K.dtype.element_ty
+    tl.store(Kc + rm.to(tl.int64)[:, None] * nmax + rn[None, :], k.to(out_ty),
+             mask=in_m[:, None] & in_n[None, :])
+    if pid_m != pid_n:
+        tl.store(Kc + rn.to(tl.int64)[:, None] * nmax + rm[None, :], tl.trans(k).to(out_ty),
+                 mask=in_n[:, None] & in_m[None, :])
+    if ROW_SUMS:
+        R = RowSums + c.to(tl.int64) * tl.num_programs(2) * nmax
+        tl.store(R + pid_n * nmax + rm, tl.sum(k, 1), mask=in_m)
+        if pid_m != pid_n:
+            tl.store(R + pid_m * nmax + rn, tl.sum(k, 0), mask=in_n)
+
+
+@triton.jit
+def _center_kernel(K, Out, RowMeans, Totals, Sizes, nmax, BLOCK: tl.constexpr):
+    """Out[c] = H K[c] H on the leading Sizes[c] rows/columns (zeros elsewhere), from the row
+    means r and total mean t of K[c]: K_ij - (r_i + r_j) + t, which keeps K's exact symmetry."""
+    c = tl.program_id(0)
+    rm = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    rn = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    size = tl.load(Sizes + c)
+    valid = (rm[:, None] < size) & (rn[None, :] < size)
+    offs = c.to(tl.int64) * nmax * nmax + rm.to(tl.int64)[:, None] * nmax + rn[None, :]
+    k = tl.load(K + offs, mask=valid, other=0.0)
+    r_i = tl.load(RowMeans + c.to(tl.int64) * nmax + rm, mask=rm < size, other=0.0)
+    r_j = tl.load(RowMeans + c.to(tl.int64) * nmax + rn, mask=rn < size, other=0.0)
+    kc = tl.where(valid, k - (r_i[:, None] + r_j[None, :]) + tl.load(Totals + c), 0.0)
+    tl.store(Out + offs, kc.to(Out.dtype.element_ty),
+             mask=(rm[:, None] < nmax) & (rn[None, :] < nmax))
+
+
+@triton.jit
+def _rbf_matmul_kernel(X, Y, V, Params, Out, n_x, n_y, D, p, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+                       X_RESIDENT: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    """Out[rows, cols] = sum over Y tiles of exp(-gamma d2(X tile, Y tile)) @ V tile, flash-
+    attention style: the K tile lives only in registers. X_RESIDENT: the whole (BLOCK_M, D) X
+    tile and its norms are loaded once (D <= BLOCK_D); otherwise X is streamed in BLOCK_D chunks
+    with each Y tile."""
+    pid_m = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    gamma = tl.load(Params)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rp = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=ACC)
+    if X_RESIDENT:
+        rd = tl.arange(0, BLOCK_D)
+        x = tl.load(X + rm.to(tl.int64)[:, None] * D + rd[None, :],
+                    mask=(rm[:, None] < n_x) & (rd[None, :] < D), other=0.0)
+        xf = x.to(ACC)
+        xx = tl.sum(xf * xf, 1)
+    for n0 in range(0, n_y, BLOCK_N):
+        rn = n0 + tl.arange(0, BLOCK_N)
+        if X_RESIDENT:
+            y = tl.load(Y + rn.to(tl.int64)[:, None] * D + rd[None, :],
+                        mask=(rn[:, None] < n_y) & (rd[None, :] < D), other=0.0)
+            yf = y.to(ACC)
+            xy = tl.dot(x, tl.trans(y), input_precision=PRECISION)
+            d2 = tl.maximum(xx[:, None] + tl.sum(yf * yf, 1)[None, :] - 2.0 * xy, 0.0)
+        else:
+            d2 = _sqdist_tile(X, Y, rm, rn, n_x, n_y, D, X, False, BLOCK_M, BLOCK_N, BLOCK_D,
+                              PRECISION, ACC)
+        k = tl.where(rn[None, :] < n_y, tl.exp(-gamma * d2), 0.0)
+        v = tl.load(V + rn.to(tl.int64)[:, None] * p + rp[None, :],
+                    mask=(rn[:, None] < n_y) & (rp[None, :] < p), other=0.0)
+        acc = tl.dot(k.to(V.dtype.element_ty), v, acc, input_precision=PRECISION)
+    tl.store(Out + rm.to(tl.int64)[:, None] * p + rp[None, :], acc.to(Out.dtype.element_ty),
+             mask=(rm[:, None] < n_x) & (rp[None, :] < p))
+
+
+# ------------------------------------------------------------------------------------ launchers
+
+# Rows of X kept whole in the rbf_matmul tile up to this D; above it X is streamed in chunks.
+_RESIDENT_D = 128
+
+
+def _tiles(n: int, D: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(square tile edge, K-chunk) for Gram tiles: 64x64x32, 32x32x16 in float64 (twice the bytes
+    per element). Untuned: the GPU benchmark is where larger tiles get measured."""
+    if dtype == torch.float64:
+        return C.block(n, 16, 32), C.block(D, 16, 16)
+    return C.block(n, 16, 64), C.block(D, 16, 32)
+
+
+def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: int, gamma: float,
+             center: bool, precision: str = "ieee", shifts: torch.Tensor | None = None):
+    """Symmetric RBF Grams of m row segments of X in one launch (two with ``center``).
+
+    X: (N, D); starts, sizes: int64 (m,) on X's device (segment c = rows starts[c] : starts[c] +
+    sizes[c]); nmax >= max(sizes); shifts: optional (m, D), subtracted from segment c's points
+    first (the Gram is unchanged in exact arithmetic, its roundoff shrinks near the mean).
+    Returns (K, row_means): K (m, nmax, nmax) in X's dtype, zero outside each segment's leading
+    sizes[c] x sizes[c] block, exactly symmetric with an exact unit diagonal (center=False) or
+    double-centred H K H (center=True); row_means (m, nmax) of the uncentred K in float32/float64
+    (zeros past each size), or None when not centring.
+    """
+    X = X.contiguous()
+    dev, dtype = X.device, X.dtype
+    m, D = starts.numel(), X.shape[1]
+    acc = C.compute_dtype(dtype)
+    BLOCK, BLOCK_K = _tiles(nmax, D, dtype)
+    nt = triton.cdiv(nmax, BLOCK)
+    out = C.empty((m, nmax, nmax), dtype, dev)
+    # Centring is done on the float32/float64 Gram, then rounded once to the output dtype.
+    raw = out if not center or dtype == acc else C.empty((m, nmax, nmax), acc, dev)
+    row_sums = C.empty((m, nt, nmax), acc, dev) if center else raw
+    if m == 0 or nmax == 0:
+        return out, (C.empty((m, nmax), acc, dev).zero_() if center else None)
+    params = C.scalars(dev, dtype, gamma)
+    _sym_gram_kernel[(m, nt, nt)](
+        C.dot_operands(X), starts, sizes, X if shifts is None else shifts.contiguous(), params, raw,
+        row_sums, nmax, D, SHIFT=shifts is not None, ROW_SUMS=center,
+        BLOCK=BLOCK, BLOCK_K=BLOCK_K, PRECISION=C.dot_precision(dtype, precision),
+        ACC=C.acc_type(dtype))
+    if not center:
+        return out, None
+    n = sizes.to(acc).clamp_min(1)
+    row_means = row_sums.sum(1) / n[:, None]
+    totals = row_means.sum(1) / n
+    _center_kernel[(m, nt, nt)](raw, out, row_means, totals, sizes, nmax, BLOCK=BLOCK)
+    return out, row_means
+
+
+def rbf_gram(X, Y, gamma: float, center: bool, precision: str = "ieee") -> torch.Tensor:
+    """K(X, Y) (n, m), or the symmetric K(X, X) (exact unit diagonal, exactly symmetric; only the
+    tiles i <= j are computed) when Y is None, double-centred with ``center``. Output in X's
+    dtype; float16/bfloat16 inputs accumulate in float32."""
+    dev = X.device
+    if Y is None:
+        n = X.shape[0]
+        starts = torch.zeros(1, dtype=torch.int64, device=dev)
+        sizes = torch.full((1,), n, dtype=torch.int64, device=dev)
+        return sym_gram(X, starts, sizes, n, gamma, center, precision)[0][0]
+    X, Y = X.contiguous(), Y.contiguous()
+    n, m, D = X.shape[0], Y.shape[0], X.shape[1]
+    out = C.empty((n, m), X.dtype, dev)
+    if n == 0 or m == 0:
+        return out
+    BLOCK, BLOCK_K = _tiles(max(n, m), D, X.dtype)
+    _cross_gram_kernel[(triton.cdiv(n, BLOCK), triton.cdiv(m, BLOCK))](
+        C.dot_operands(X), C.dot_operands(Y), C.scalars(dev, X.dtype, gamma), out, n, m, D,
+        BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK_K,
+        PRECISION=C.dot_precision(X.dtype, precision), ACC=C.acc_type(X.dtype))
+    return out
+
+
+def rbf_matmul(X, Y, V, gamma: float, precision: str = "ieee") -> torch.Tensor:
+    """K(X, Y) @ V (n, p) for X (n, D), Y (m, D), V (m, p); K is never stored."""
+    X, Y, V = X.contiguous(), Y.contiguous(), V.contiguous()
+    n, m, D, p = X.shape[0], Y.shape[0], X.shape[1], V.shape[1]
+    out = C.empty((n, p), X.dtype, X.device)
+    if n == 0 or p == 0:
+        return out
+    if m == 0:
+        return out.zero_()
+    f64 = X.dtype == torch.float64
+    BLOCK_M, BLOCK_N = C.block(n, 16, 32 if f64 else 64), C.block(m, 16, 32 if f64 else 64)
+    resident = D <= _RESIDENT_D
+    BLOCK_D = C.block(D, 16, _RESIDENT_D) if resident else (16 if f64 else 32)
+    BLOCK_P = C.block(p, 16, 32 if f64 else 64)
+    _rbf_matmul_kernel[(triton.cdiv(n, BLOCK_M), triton.cdiv(p, BLOCK_P))](
+        X, Y, V, C.scalars(X.device, X.dtype, gamma), out, n, m, D, p, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_P=BLOCK_P, X_RESIDENT=resident,
+        PRECISION=C.dot_precision(X.dtype, precision), ACC=C.acc_type(X.dtype))
+    return out
+
+
+# --------------------------------------------------------------------------------- registration
+
+_dispatch.register("rbf_gram", "triton")(rbf_gram)
+_dispatch.register("rbf_matmul", "triton")(rbf_matmul)

@@ -1,0 +1,574 @@
+"""Triton kernels (geomkern/backends/triton) against the float64 torch references.
+
+Every case draws fresh random inputs (seed printed, ``--seed`` replays it), poisons every buffer
+the launchers allocate (NaN, or -1 for labels) so an element a kernel fails to write fails the
+comparison, and bounds |out - ref| / |ref| per dtype against the float64 reference evaluated on
+the same rounded inputs.
+
+How the CPU cases run: Triton decides between compiling and interpreting when a kernel is
+decorated, i.e. when geomkern.backends.triton is imported -- and conftest has already imported it
+(compiled) by the time this module is collected. Setting TRITON_INTERPRET=1 here would also leak
+into every other test module (their ``backend`` fixture would then interpret Triton on their
+large sizes). So the CPU cases run in one worker subprocess started with TRITON_INTERPRET=1
+(spawned once per session, ~5 s); the check functions below run there unchanged, and failures
+come back with the worker's traceback. Run under ``TRITON_INTERPRET=1 pytest tests/test_triton.py``
+they run in-process instead. The ``cuda`` cases (marked gpu) run in this process on CUDA tensors
+with compiled kernels. ``test_kernels_compile_for_sm90`` compiles what the launchers would launch
+for an H100 (no GPU needed) and checks the shared memory fits, so GPU-only compile errors show up
+on a CPU machine too.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import inspect
+import multiprocessing
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="triton is not importable here: pip install triton")
+
+import geomkern as gk  # noqa: E402
+from conftest import DEVICES, HALF_TOL, TOL, assert_close_rel, match_signs, offsets_from_sizes  # noqa: E402
+from geomkern.backends.triton import _common  # noqa: E402
+from geomkern.backends.triton import kmeans as tkmeans  # noqa: E402
+from geomkern.backends.triton import kpca as tkpca  # noqa: E402
+from geomkern.backends.triton import preimage as tpre  # noqa: E402
+from geomkern.backends.triton import rbf as trbf  # noqa: E402
+from geomkern.ops import kmeans as rkmeans  # noqa: E402
+from geomkern.ops import kpca as rkpca  # noqa: E402
+from geomkern.ops import preimage as rpre  # noqa: E402
+from geomkern.ops import rbf as rrbf  # noqa: E402
+
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+BOUND = {**TOL, **HALF_TOL}
+TF32_BOUND = 5e-3
+ALL_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = (torch.float32, torch.float64)
+
+
+# ------------------------------------------------------------------------------ test plumbing
+
+@pytest.fixture(scope="session")
+def _interpreter_worker():
+    """One spawned process that imports geomkern with TRITON_INTERPRET=1 (inherited from the
+    environment at spawn: the kernels must be decorated in interpreter mode)."""
+    if IN_INTERPRETER:
+        yield None
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        pool.submit(os.getpid).result()  # start it now, while the variable is set
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    yield pool
+    pool.shutdown()
+
+
+@pytest.fixture
+def run(_interpreter_worker):
+    """run(check, device, *args): the check on CUDA here, on CPU in the interpreter worker."""
+
+    def _run(check, device, *args):
+        if device == "cpu" and _interpreter_worker is not None:
+            return _interpreter_worker.submit(check, device, *args).result()
+        return check(device, *args)
+
+    return _run
+
+
+def _skip_unsupported(device, dtype=None, precision="ieee"):
+    if device == "cpu" and dtype == torch.bfloat16:
+        pytest.skip("bfloat16 tl.dot is wrong in the Triton interpreter (the launchers feed it "
+                    "float32 there), so a CPU run would not test the bf16 kernel: GPU only")
+    if device == "cpu" and precision == "tf32":
+        pytest.skip("TF32 does not exist in the Triton interpreter (numpy computes in float32): "
+                    "GPU only")
+
+
+@contextlib.contextmanager
+def _poisoned():
+    """Every buffer a launcher allocates starts as NaN (-1 for integers)."""
+    orig = _common.empty
+
+    def empty(shape, dtype, device):
+        t = orig(shape, dtype, device)
+        return t.fill_(float("nan") if dtype.is_floating_point else -1)
+
+    _common.empty = empty
+    try:
+        yield
+    finally:
+        _common.empty = orig
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(gen, *shape, dtype, device, scale=1.0, shift=0.0):
+    t = torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift
+    return t.to(dtype).to(device)
+
+
+def _gamma(D, gen):
+    return float(0.2 + 1.8 * torch.rand((), generator=gen, dtype=torch.float64)) / (2.0 * D)
+
+
+def _d64(t):
+    return t.detach().to("cpu", torch.float64)
+
+
+def _bound(dtype, precision="ieee"):
+    return TF32_BOUND if precision == "tf32" else BOUND[dtype]
+
+
+# ------------------------------------------------------------------------- checks (run anywhere)
+
+def _check_rbf_gram_symmetric(device, dtype, n, D, center, precision, seed):
+    gen = _gen(seed)
+    X, g = _randn(gen, n, D, dtype=dtype, device=device), _gamma(D, gen)
+    with _poisoned():
+        K = trbf.rbf_gram(X, None, g, center, precision)
+    assert K.shape == (n, n) and K.dtype == dtype and K.device == X.device
+    assert torch.equal(K, K.T), "symmetric Gram is not exactly symmetric"
+    if not center:
+        assert bool((K.diagonal() == 1).all()), "diagonal is not exactly 1"
+    ref = rrbf.gram_reference(_d64(X), None, g, center)
+    assert_close_rel(K, ref, _bound(dtype, precision), f"rbf_gram(X, center={center})")
+
+
+def _check_rbf_gram_cross(device, dtype, n, m, D, precision, seed):
+    gen = _gen(seed)
+    X, Y = _randn(gen, n, D, dtype=dtype, device=device), _randn(gen, m, D, dtype=dtype, device=device)
+    g = _gamma(D, gen)
+    with _poisoned():
+        K = trbf.rbf_gram(X, Y, g, False, precision)
+    assert K.shape == (n, m) and K.dtype == dtype
+    assert_close_rel(K, rrbf.gram_reference(_d64(X), _d64(Y), g, False), _bound(dtype, precision),
+                     "rbf_gram(X, Y)")
+
+
+def _check_rbf_matmul(device, dtype, n, m, p, D, precision, seed):
+    gen = _gen(seed)
+    X, Y = _randn(gen, n, D, dtype=dtype, device=device), _randn(gen, m, D, dtype=dtype, device=device)
+    V, g = _randn(gen, m, p, dtype=dtype, device=device), _gamma(D, gen)
+    with _poisoned():
+        out = trbf.rbf_matmul(X, Y, V, g, precision)
+    assert out.shape == (n, p) and out.dtype == dtype
+    ref = rrbf.rbf_matmul_reference(_d64(X), _d64(Y), _d64(V), g)
+    # sum_j K_ij V_jk mixes signs: bound roundoff by |K| |V| rather than by |ref| alone
+    scale = rrbf.rbf_matmul_reference(_d64(X), _d64(Y), _d64(V).abs(), g)
+    err = (_d64(out) - ref).abs()
+    tol = _bound(dtype, precision)
+    assert bool((err <= tol * scale.clamp_min(1e-300)).all()), (
+        f"rbf_matmul off by {float(err.max()):.3e} (|K||V| scale {float(scale.max()):.3e})")
+    assert_close_rel(out, ref, tol, "rbf_matmul")
+
+
+def _check_segmented_gram(device, dtype, sizes, D, center, seed):
+    gen = _gen(seed)
+    X = _randn(gen, sum(sizes), D, dtype=dtype, device=device, scale=1.5, shift=4.0)
+    off = offsets_from_sizes(sizes).to(device)
+    g = _gamma(D, gen)
+    with _poisoned():
+        K = tkpca.segmented_gram(X, off, g, center)
+    nmax = max(sizes)
+    assert K.shape == (len(sizes), nmax, nmax) and K.dtype == dtype
+    o = off.tolist()
+    for j, n in enumerate(sizes):
+        ref = torch.zeros(nmax, nmax, dtype=torch.float64)
+        if n:
+            ref[:n, :n] = rrbf.gram_reference(_d64(X[o[j]:o[j + 1]]), None, g, center)
+        assert torch.equal(K[j], K[j].T), f"segment {j} Gram is not exactly symmetric"
+        assert bool((K[j, n:] == 0).all() and (K[j, :, n:] == 0).all()), f"segment {j} padding"
+        if not center and n:
+            assert bool((K[j, :n, :n].diagonal() == 1).all()), f"segment {j} diagonal"
+        assert_close_rel(K[j], ref, BOUND[dtype], f"segment {j} (n={n}) Gram, center={center}")
+
+
+def _separated_clusters(sizes, D, d, g, gen, dtype):
+    """Anisotropic blobs whose top-d centred-kernel spectrum has relative gaps >= 0.02, so
+    eigenvectors are as accurate as the Gram (error ~ eps |Kc| / gap)."""
+    out = []
+    for n in sizes:
+        for _ in range(200):
+            X = (torch.randn(n, D, generator=gen, dtype=torch.float64)
+                 * (0.2 + 1.5 * torch.rand(D, generator=gen, dtype=torch.float64))
+                 + 2.0 * torch.randn(D, generator=gen, dtype=torch.float64)).to(dtype)
+            Kc = rrbf.double_center(rrbf.gram_reference(X.double(), None, g, False))
+            mu = torch.cat([torch.linalg.eigvalsh(Kc).flip(0), torch.zeros(d + 1, dtype=torch.float64)])
+            if mu[0] > 0 and float(((mu[:d] - mu[1:d + 1]) / mu[0]).min()) >= 0.02:
+                out.append(X)
+                break
+        else:
+            raise RuntimeError(f"no cluster with a separated spectrum (n={n}, D={D}, d={d})")
+    return torch.cat(out)
+
+
+# subspace_top's convergence test: residual <= tol * mu_1; eigenvectors are then accurate to
+# ~ tol / relative gap (0.02 in _separated_clusters), eigenvalues to ~ tol^2 / gap.
+_SUBSPACE_VECTOR_BOUND = {torch.float32: 1e-4 / 0.02, torch.float64: 1e-9 / 0.02}
+
+
+def _check_kpca(device, dtype, solver, sizes, D, d, seed):
+    gen = _gen(seed)
+    g = 1.0 / (2.0 * D)
+    X = _separated_clusters(sizes, D, d, g, gen, dtype).to(device)
+    off = offsets_from_sizes(sizes).to(device)
+    with _poisoned(), gk.set_backend("triton"):
+        op = "kpca_dense" if solver == "dense" else "kpca_subspace"
+        assert gk._dispatch.resolve(op, X.device.type) == "triton"
+        fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
+    # the float64 dense solve is the oracle for both solvers
+    mu, alphas, mean_proj = rkpca.kpca_dense_reference(_d64(X), off.cpu(), d, g)
+    assert_close_rel(fit.eigenvalues, mu, BOUND[dtype], "eigenvalues")
+    tol = BOUND[dtype] if solver == "dense" else max(BOUND[dtype], _SUBSPACE_VECTOR_BOUND[dtype])
+    o = off.tolist()
+    for j in range(len(sizes)):
+        a, ref = _d64(fit.alphas[o[j]:o[j + 1]]), alphas[o[j]:o[j + 1]]
+        s = torch.from_numpy(match_signs(a, ref))
+        assert_close_rel(a * s, ref, tol, f"cluster {j} alphas (up to sign)")
+        # mean_projection = colmeans @ alpha sums terms of both signs (sum_a alpha_a = 0): bound
+        # its roundoff by sum_a |alpha_a| colmean_a, as for the betas
+        colmeans = rrbf.gram_reference(_d64(X[o[j]:o[j + 1]]), None, g, False).mean(0)
+        scale = colmeans @ ref.abs()
+        err = (_d64(fit.mean_projection[j]) * s - mean_proj[j]).abs()
+        assert bool((err <= tol * scale).all()), (
+            f"cluster {j} mean_projection off by {err.tolist()} (scale {scale.tolist()})")
+
+
+def _check_project_onto_basis(device, dtype, sizes, S, d, D, seed):
+    gen = _gen(seed)
+    X = _randn(gen, sum(sizes), D, dtype=dtype, device=device)
+    alphas = _randn(gen, sum(sizes), d, dtype=dtype, device=device)
+    B = _randn(gen, S, D, dtype=dtype, device=device)
+    off = offsets_from_sizes(sizes).to(device)
+    g = _gamma(D, gen)
+    with _poisoned():
+        betas = tkpca.project_onto_basis(X, alphas, off, B, g)
+    assert betas.shape == (len(sizes), d, S) and betas.dtype == dtype
+    args = (_d64(X), _d64(alphas), off.cpu(), _d64(B), g)
+    ref = rkpca.projection_reference(*args)
+    scale = rkpca.projection_reference(args[0], args[1].abs(), *args[2:])
+    err = (_d64(betas) - ref).abs()
+    assert bool((err <= BOUND[dtype] * scale.clamp_min(1e-300)).all()), (
+        f"betas off by {float(err.max()):.3e} (|alpha| k scale {float(scale.max()):.3e})")
+    for j, n in enumerate(sizes):
+        if n == 0:
+            assert bool((betas[j] == 0).all()), f"empty segment {j} has non-zero betas"
+
+
+def _preimage_problem(gen, b, S, D, dtype, device):
+    """Points near a cloud of basis points, targets k(x, B) of nearby x: a well-posed problem."""
+    B = _randn(gen, S, D, dtype=dtype, device=device)
+    x = B[torch.randint(0, S, (b,), generator=gen)] + _randn(gen, b, D, dtype=dtype, device=device, scale=0.3)
+    g = 1.0 / (2.0 * D)
+    T = rrbf.gram_reference(_d64(x), _d64(B), g, False).to(dtype).to(device)
+    Z0 = x + _randn(gen, b, D, dtype=dtype, device=device, scale=0.1)
+    return Z0, B, T, g
+
+
+def _check_preimage_gd(device, dtype, b, S, D, steps, seed):
+    gen = _gen(seed)
+    Z0, B, T, g = _preimage_problem(gen, b, S, D, dtype, device)
+    lr = rpre.default_gd_lr(Z0, B, g)
+    with _poisoned():
+        Z = tpre.preimage_gd(Z0, B, T, g, steps, lr)
+    assert Z.shape == Z0.shape and Z.dtype == dtype
+    ref = rpre.gd_reference(_d64(Z0), _d64(B), _d64(T), g, steps, _d64(lr))
+    assert_close_rel(Z, ref, BOUND[dtype], f"preimage gd ({steps} steps)")
+
+
+def _check_preimage_fixed_point(device, dtype, b, S, D, steps, seed):
+    gen = _gen(seed)
+    Z0, B, T, g = _preimage_problem(gen, b, S, D, dtype, device)
+    # positive expansion coefficients: z stays a weighted mean of basis points, so the
+    # iteration is well conditioned and float32 can track float64
+    A = (0.1 + torch.rand(b, S, generator=gen, dtype=torch.float64)).to(dtype).to(device)
+    with _poisoned():
+        Z = tpre.preimage_fixed_point(Z0, B, A, g, steps)
+    assert Z.shape == Z0.shape and Z.dtype == dtype
+    ref = rpre.fixed_point_reference(_d64(Z0), _d64(B), _d64(A), g, steps)
+    assert_close_rel(Z, ref, BOUND[dtype], f"preimage fixed_point ({steps} steps)")
+
+
+def _check_preimage_wide_falls_back(device, dtype, seed):
+    gen = _gen(seed)
+    D = tpre.MAX_D[dtype] + 1
+    Z0, B, T, g = _preimage_problem(gen, 3, 5, D, dtype, device)
+    lr = rpre.default_gd_lr(Z0, B, g)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        Z = tpre.preimage_gd(Z0, B, T, g, 2, lr)
+    assert any("torch reference" in str(x.message) for x in w), "no warning saying the reference ran"
+    assert torch.equal(Z, rpre.gd_reference(Z0, B, T, g, 2, lr))
+
+
+def _check_assign(device, dtype, m, n, k, D, seed):
+    gen = _gen(seed)
+    shape_x, shape_c = ((m, n, D), (m, k, D)) if m else ((n, D), (k, D))
+    X = _randn(gen, *shape_x, dtype=dtype, device=device)
+    Cn = _randn(gen, *shape_c, dtype=dtype, device=device)
+    with _poisoned():
+        labels = tkmeans.assign(X, Cn)
+    assert labels.shape == shape_x[:-1] and labels.dtype == torch.int64
+    X64, C64 = _d64(X).reshape(-1, n, D), _d64(Cn).reshape(-1, k, D)
+    d2 = torch.cdist(X64, C64).square()  # (groups, n, k), direct differences
+    lab = labels.cpu().reshape(-1, n)
+    assert bool(((lab >= 0) & (lab < k)).all()), "label out of range"
+    chosen = d2.gather(-1, lab.unsqueeze(-1)).squeeze(-1)
+    best = d2.min(-1).values
+    # the chosen centre is the nearest up to roundoff of |x|^2 + |c|^2 - 2<x, c>
+    slack = BOUND[dtype] * 10 * (X64.square().sum(-1) + C64.square().sum(-1).max(-1, keepdim=True).values)
+    assert bool((chosen <= best + slack).all()), "a point was not assigned its nearest centre"
+    ref = rkmeans.assign_reference(X64, C64)
+    # where the two nearest centres are not within roundoff, labels must agree exactly
+    clear = ((d2.sort(-1).values[..., 1] - best) > slack) if k > 1 else torch.ones_like(lab, dtype=torch.bool)
+    assert torch.equal(lab[clear], ref[clear])
+
+
+def _check_kmeans(device, dtype, sizes, k, D, seed):
+    gen = _gen(seed)
+    parts = []
+    for n in sizes:  # k well-separated blobs per segment: Lloyd's result is unambiguous
+        centres = torch.randn(k, D, generator=gen, dtype=torch.float64) * 20.0
+        parts.append(centres[torch.arange(n) % k] + torch.randn(n, D, generator=gen, dtype=torch.float64))
+    X = torch.cat(parts).to(dtype).to(device)
+    off = offsets_from_sizes(sizes).to(device)
+    with _poisoned(), gk.set_backend("triton"):
+        assert gk._dispatch.resolve("kmeans", X.device.type) == "triton"
+        labels, centers = gk.kmeans(X, k, offsets=off, iters=20, seed=seed % 1000)
+    ref_labels, ref_centers = rkmeans.kmeans_reference(_d64(X), off.cpu(), k, 20, seed % 1000)
+    assert torch.equal(labels.cpu(), ref_labels), "labels differ from the reference's"
+    assert_close_rel(centers, ref_centers, BOUND[dtype], "centers")
+
+
+def _check_dispatch(device):
+    """set_backend("triton") routes every Triton op here; auto never picks Triton (no op has a
+    recorded GPU win yet)."""
+    triton_ops = [op for op, b in gk._dispatch.registered_ops().items() if "triton" in b]
+    assert set(triton_ops) == {"rbf_gram", "rbf_matmul", "kpca_dense", "kpca_subspace",
+                               "project_onto_basis", "preimage_gd", "preimage_fixed_point",
+                               "kmeans"}
+    with gk.set_backend("triton"):
+        assert all(gk._dispatch.resolve(op, device) == "triton" for op in triton_ops)
+    with gk.set_backend("auto"):
+        assert all(gk._dispatch.resolve(op, device) != "triton" for op in triton_ops)
+
+
+# --------------------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("center", (False, True))
+@pytest.mark.parametrize("n", (1, 7, 33, 257))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_rbf_gram_symmetric(device, dtype, n, center, seed, run):
+    _skip_unsupported(device, dtype)
+    if device == "cpu" and n == 257 and dtype != torch.float32:
+        pytest.skip("n=257 runs in float32 only in the interpreter (time); all dtypes on GPU")
+    run(_check_rbf_gram_symmetric, device, dtype, n, 3 if n == 257 else 10, center, "ieee", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,m,D", ((1, 1, 1), (7, 33, 3), (33, 7, 17), (257, 5, 40)))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_rbf_gram_cross(device, dtype, n, m, D, seed, run):
+    _skip_unsupported(device, dtype)
+    run(_check_rbf_gram_cross, device, dtype, n, m, D, "ieee", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rbf_gram_tf32(device, seed, run):
+    _skip_unsupported(device, torch.float32, "tf32")
+    run(_check_rbf_gram_symmetric, device, torch.float32, 300, 64, False, "tf32", seed)
+    run(_check_rbf_gram_cross, device, torch.float32, 300, 100, 512, "tf32", seed)
+    run(_check_rbf_matmul, device, torch.float32, 300, 200, 16, 512, "tf32", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,m,p,D", ((1, 1, 1, 1), (7, 33, 3, 5), (33, 7, 17, 200), (257, 40, 2, 9)))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_rbf_matmul(device, dtype, n, m, p, D, seed, run):
+    # D=200 > 128 streams X in chunks; the others keep the X tile resident
+    run(_check_rbf_matmul, device, dtype, n, m, p, D, "ieee", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("center", (False, True))
+@pytest.mark.parametrize("sizes", ([1], [7, 0, 33, 2], [0, 40, 17]), ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_segmented_gram(device, dtype, sizes, center, seed, run):
+    run(_check_segmented_gram, device, dtype, sizes, 6, center, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("solver", ("dense", "subspace"))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_kpca_matches_reference(device, dtype, solver, seed, run):
+    # sizes 70 and 33 share a size bucket, 7 and 4 another: two fused launches; 70 points with
+    # d=3 is large enough for subspace_top to iterate rather than hand over to dense
+    run(_check_kpca, device, dtype, solver, [7, 70, 33, 4], 4, 3, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sizes,S,d", (([1], 1, 1), ([7, 0, 33], 17, 3), ([0, 70, 5], 40, 20)),
+                         ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_project_onto_basis(device, dtype, sizes, S, d, seed, run):
+    run(_check_project_onto_basis, device, dtype, sizes, S, d, 7, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,S,D,steps", ((1, 1, 1, 3), (7, 33, 5, 4), (33, 7, 40, 3), (20, 9, 3, 0)))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_preimage_gd(device, dtype, b, S, D, steps, seed, run):
+    run(_check_preimage_gd, device, dtype, b, S, D, steps, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("b,S,D,steps", ((1, 1, 1, 3), (7, 33, 5, 4), (33, 7, 40, 3)))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_preimage_fixed_point(device, dtype, b, S, D, steps, seed, run):
+    run(_check_preimage_fixed_point, device, dtype, b, S, D, steps, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_preimage_257_points_wide(device, dtype, seed, run):
+    run(_check_preimage_gd, device, dtype, 257, 40, 300, 5, seed)
+    run(_check_preimage_fixed_point, device, dtype, 257, 40, 300, 5, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_preimage_too_wide_falls_back_to_reference(device, dtype, seed, run):
+    run(_check_preimage_wide_falls_back, device, dtype, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,n,k,D", ((0, 1, 1, 1), (0, 257, 7, 5), (3, 33, 70, 4), (2, 7, 3, 33)))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_assign(device, dtype, m, n, k, D, seed, run):
+    # m=0: plain (n, D) x (k, D) look-up; m>0: batched (m, n, D) x (m, k, D)
+    run(_check_assign, device, dtype, m, n, k, D, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_kmeans_matches_reference(device, dtype, seed, run):
+    run(_check_kmeans, device, dtype, [7, 33, 12], 3, 4, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dispatch_routes_triton_ops(device, run):
+    run(_check_dispatch, device)
+
+
+def test_geomkern_imports_without_triton():
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import geomkern as gk\n"
+            "assert 'triton' not in gk.available_backends()\n"
+            "try:\n    gk.set_backend('triton')\nexcept RuntimeError as e:\n"
+            "    assert 'pip install triton' in str(e), e\nelse:\n    raise AssertionError('no error')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+# ---------------------------------------------------------- GPU code path, compiled on the CPU
+
+# Largest dynamic shared memory per block on an H100 (sm_90): 227 KiB.
+_SM90_SHARED = 232448
+
+
+@contextlib.contextmanager
+def _captured_launches():
+    """Replace JITFunction.run so launchers record (kernel, args, kwargs) instead of launching."""
+    from triton.runtime.jit import JITFunction
+
+    launches, orig = [], JITFunction.run
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs))
+
+    JITFunction.run = record
+    try:
+        yield launches
+    finally:
+        JITFunction.run = orig
+
+
+def _compile_for(fn, args, kwargs, arch: int):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+
+    options = {k: kwargs.pop(k) for k in list(kwargs) if k in ("num_warps", "num_stages")}
+    bound = dict(zip(inspect.signature(fn.fn).parameters, args), **kwargs)
+    signature, constexprs = {}, {}
+    for p in fn.params:
+        if p.is_constexpr:
+            signature[p.name], constexprs[p.name] = "constexpr", bound[p.name]
+        else:
+            signature[p.name] = p.annotation_type or mangle_type(bound[p.name])
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _launch_cases(dtype):
+    X, B = torch.zeros(300, 512, dtype=dtype), torch.zeros(64, 512, dtype=dtype)
+    off = torch.tensor([0, 100, 300])
+    wide = tpre.MAX_D[dtype] if dtype in tpre.MAX_D else 512
+    return {
+        "rbf_gram_centred": lambda: trbf.rbf_gram(X, None, 0.1, True),
+        "rbf_gram_cross": lambda: trbf.rbf_gram(X, B, 0.1, False),
+        "rbf_matmul_resident": lambda: trbf.rbf_matmul(X[:, :128], B[:, :128], B[:, :8], 0.1),
+        "rbf_matmul_streamed": lambda: trbf.rbf_matmul(X, B, B[:, :8], 0.1),
+        "segmented_gram": lambda: tkpca.segmented_gram(X, off, 0.1, True),
+        "project_onto_basis": lambda: tkpca.project_onto_basis(X, X[:, :8], off, B, 0.1),
+        "preimage_gd": lambda: tpre.preimage_gd(X, B, X[:, :64], 0.1, 3, X[:, 0]),
+        "preimage_fixed_point_widest": lambda: tpre.preimage_fixed_point(
+            torch.zeros(30, wide, dtype=dtype), torch.zeros(64, wide, dtype=dtype),
+            torch.zeros(30, 64, dtype=dtype), 0.1, 3),
+        "assign": lambda: tkmeans.assign(X, B),
+    }
+
+
+_HALF_CASES = ("rbf_gram_centred", "rbf_gram_cross")
+
+
+@pytest.mark.parametrize("case", list(_launch_cases(torch.float32)))
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_kernels_compile_for_sm90(dtype, case, request):
+    """What the launchers launch compiles for an H100 and fits its shared memory."""
+    if IN_INTERPRETER:
+        pytest.skip("kernels are interpreted in this process (TRITON_INTERPRET=1)")
+    if dtype in (torch.float16, torch.bfloat16) and case not in _HALF_CASES:
+        pytest.skip("only rbf_gram takes float16/bfloat16")
+    if dtype != torch.float32 and not request.config.getoption("--runslow"):
+        pytest.skip("float64/half compiles take ~1 min in all: opt in with --runslow")
+    with _captured_launches() as launches, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            _launch_cases(dtype)[case]()
+        except Exception:  # buffers of never-run launches hold garbage: later host steps may fail
+            if not launches:
+                raise
+    assert launches, f"{case} launched no kernel"
+    for fn, args, kwargs in launches:
+        compiled = _compile_for(fn, args, dict(kwargs), 90)
+        assert compiled.metadata.shared <= _SM90_SHARED, (
+            f"{fn.fn.__name__} needs {compiled.metadata.shared} B of shared memory on sm_90")
