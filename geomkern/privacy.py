@@ -21,9 +21,9 @@ What is NOT protected
     * Implementation side channels: the noise comes from ``torch.randn`` in floating point, which
       is not a hardened DP sampler (floating-point attacks on textbook samplers: Mironov 2012,
       Jin et al. 2022), and sums are accumulated in floating point. The noise is only secret if the
-      ``torch.Generator`` seed is: anyone who knows the seed can subtract the noise. Seed it from a
-      secret source (e.g. ``secrets.randbits(63)``) in any real deployment, never from a shared
-      experiment seed.
+      ``torch.Generator`` seed is: anyone who knows the seed can subtract the noise. Pass
+      ``generator=None`` (a seed drawn from the OS's cryptographic source) in any real
+      deployment, never a generator seeded from a shared experiment seed.
 
 Accountant
     The PLD accountant (``dp_accounting.pld.PLDAccountant``, add/remove-one adjacency). An
@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import secrets
 from dataclasses import dataclass
 
 import dp_accounting
@@ -101,10 +102,14 @@ def _positive_finite(name: str, v) -> float:
 
 
 def _generator(g) -> torch.Generator:
+    # None: a CPU generator seeded from the OS's cryptographic source, i.e. a secret seed (the
+    # deployment setting; results are then not reproducible). Pass a seeded one for experiments.
+    if g is None:
+        return torch.Generator().manual_seed(secrets.randbits(63))
     if not isinstance(g, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(g).__name__}; the noise "
-                        "is only private if its seed is secret (e.g. "
-                        "torch.Generator().manual_seed(secrets.randbits(63)))")
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(g).__name__}; "
+                        "the noise is only private if its seed is secret (None draws one from "
+                        "the OS)")
     return g
 
 
@@ -226,13 +231,13 @@ def _clip(X: torch.Tensor, clip_norm: float) -> torch.Tensor:
 
 
 def gaussian_mechanism(values: torch.Tensor, *, sensitivity: float, noise_multiplier: float,
-                       generator: torch.Generator) -> torch.Tensor:
+                       generator: torch.Generator | None) -> torch.Tensor:
     """values + N(0, sigma^2) elementwise, sigma = noise_multiplier * sensitivity (a standard
     deviation), where ``sensitivity`` is the L2 sensitivity of ``values`` as a whole.
 
-    The noise is drawn with ``generator`` on the generator's device (so one seed gives the same
-    noise whatever device ``values`` is on) in ``values``' dtype, then moved to ``values``' device.
-    ``noise_multiplier == 0`` returns a copy of values (nothing drawn).
+    The noise is drawn with ``generator`` (None: a secretly seeded one) on the generator's device
+    (so one seed gives the same noise whatever device ``values`` is on) in ``values``' dtype, then
+    moved to ``values``' device. ``noise_multiplier == 0`` returns a copy of values (nothing drawn).
     """
     values = _validate.tensor("values", values, ndim=tuple(range(0, 9)), allow_empty=True)
     sensitivity = _positive_finite("sensitivity", sensitivity)
@@ -324,7 +329,7 @@ class DPClusters:
 
 
 def dp_lloyd(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float,
-             iters: int = 5, generator: torch.Generator,
+             iters: int = 5, generator: torch.Generator | None,
              init: torch.Tensor | None = None) -> DPClusters:
     """K-Means prototypes released through noisy Lloyd steps (DPLloyd, Su et al. 2016).
 
@@ -385,7 +390,7 @@ def dp_lloyd(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm
 
 
 def noisy_means(X: torch.Tensor, labels: torch.Tensor, k: int, *, epsilon: float, delta: float,
-                clip_norm: float, generator: torch.Generator):
+                clip_norm: float, generator: torch.Generator | None):
     """Per-group means of X's clipped rows for a partition ``labels``, in ONE Gaussian release of
     per-group sums and counts (L2 sensitivity sqrt(2) after scaling sums by 1/clip_norm).
 

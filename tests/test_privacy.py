@@ -264,6 +264,17 @@ def test_dp_lloyd_reproducible(seed):
     assert not torch.equal(other.centers, runs[0].centers)
 
 
+def test_generator_none_draws_a_secret_seed():
+    X, _ = _blobs(torch.Generator().manual_seed(0), D=3, n_per=100)
+    runs = [privacy.dp_lloyd(X, 4, epsilon=2.0, delta=1e-5, clip_norm=1.0, iters=2, generator=None)
+            for _ in range(2)]
+    assert not torch.equal(runs[0].centers, runs[1].centers)
+    v = torch.zeros(1000, dtype=torch.float64)
+    a, b = (privacy.gaussian_mechanism(v, sensitivity=1.0, noise_multiplier=1.0, generator=None)
+            for _ in range(2))
+    assert not torch.equal(a, b)
+
+
 def test_noisy_means(gen):
     X, true = _blobs(gen, D=16)
     labels = torch.cdist(X, true).argmin(1)  # nearest public centre: a per-point partition
