@@ -68,9 +68,18 @@ def _backend_is_built(name: str) -> tuple[bool, str]:
 
         if not triton.is_available():
             return False, triton.load_error()
+        if not _triton_can_run():
+            return False, ("Triton kernels need a CUDA device here (or TRITON_INTERPRET=1 to run "
+                           "them in Triton's CPU interpreter, for testing)")
     if not any(name in e.impls for e in _REGISTRY.values()):
         return False, _HOW_TO_GET[name]
     return True, ""
+
+
+def _triton_can_run() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def available_backends() -> list[str]:

@@ -130,8 +130,9 @@ def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_compo
 
     X (n, D) the client's embeddings; B (S, D) the GAB. ``n_components`` is an int, or "auto":
     the smallest d whose top-d variances explain ``explained`` of every patch's feature-space
-    variance (capped at ``max_components``). Patches with <= d points are dropped (their kernel
-    PCA has fewer than d non-trivial components). ``gamma`` must be the shared public one.
+    variance (capped at ``max_components``). All ``n_clusters`` DP centres are uploaded; a patch
+    with <= d points carries zero variances and betas. ``gamma`` must be the shared public one.
+    The centres are DP (epsilon, delta spent are recorded); the spectra and betas are not.
     """
     X = _validate.tensor("X", X, ndim=2)
     B = _validate.tensor("B", B, ndim=2)
@@ -145,33 +146,40 @@ def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_compo
         raise ValueError(f"explained must lie in (0, 1], got {explained}")
     res = privacy.dp_lloyd(X, n_clusters, epsilon=epsilon, delta=delta, clip_norm=clip_norm,
                            iters=iters, generator=generator)
+    # Every one of the m DP centres is uploaded, whatever the (private) patch sizes: a patch with
+    # <= d points has no d-component kernel PCA, so it goes up with zero variances and betas,
+    # which gives it zero weight in the fusion (Eq. 7 weights n * lambda).
     sizes = torch.bincount(res.labels, minlength=n_clusters)
     keep = torch.nonzero(sizes > d_req).squeeze(1)
-    if keep.numel() == 0:
-        raise ValueError(f"no patch has more than {d_req} points (sizes {sizes.tolist()}); lower "
-                         "n_clusters or n_components")
-    order = torch.argsort(res.labels, stable=True)
-    Xs = X[order]
-    bounds = torch.zeros(n_clusters + 1, dtype=torch.int64)
-    bounds[1:] = torch.cumsum(sizes.cpu(), 0)
-    rows = torch.cat([torch.arange(int(bounds[j]), int(bounds[j + 1])) for j in keep.tolist()])
-    Xk = Xs[rows.to(X.device)]
-    offsets = torch.zeros(keep.numel() + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(sizes[keep].cpu(), 0)
-    fit = kpca(Xk, offsets.to(X.device), n_components=d_req, gamma=g)
+    m, S = n_clusters, B.shape[0]
+    mu = X.new_zeros(m, d_req)
+    lam = X.new_zeros(m, d_req)
+    betas = X.new_zeros(m, d_req, S)
     d = d_req
-    if auto:
-        total = torch.stack([1.0 - rbf_gram(Xk[offsets[j]:offsets[j + 1]], gamma=g).mean()
-                             for j in range(keep.numel())]).clamp_min(torch.finfo(X.dtype).tiny)
-        share = fit.variances.cumsum(1) / total.unsqueeze(1)
-        reached = (share >= explained).to(torch.int64)
-        # first d reaching the threshold per patch (d_req where none does); one d for all patches
-        first = torch.where(reached.any(1), reached.argmax(1) + 1, torch.full_like(reached[:, 0], d_req))
-        d = int(first.max())
-    betas = project_onto_basis(Xk, fit, B, gamma=g)[:, :d].contiguous()
-    return LocalGeometry(centers=res.centers[keep].contiguous(), counts=res.counts[keep].contiguous(),
-                         eigenvalues=fit.eigenvalues[:, :d].contiguous(),
-                         variances=fit.variances[:, :d].contiguous(), betas=betas, gamma=g,
+    if keep.numel():
+        order = torch.argsort(res.labels, stable=True)
+        Xs = X[order]
+        bounds = torch.zeros(n_clusters + 1, dtype=torch.int64)
+        bounds[1:] = torch.cumsum(sizes.cpu(), 0)
+        rows = torch.cat([torch.arange(int(bounds[j]), int(bounds[j + 1])) for j in keep.tolist()])
+        Xk = Xs[rows.to(X.device)]
+        offsets = torch.zeros(keep.numel() + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(sizes[keep].cpu(), 0)
+        fit = kpca(Xk, offsets.to(X.device), n_components=d_req, gamma=g)
+        if auto:
+            total = torch.stack([1.0 - rbf_gram(Xk[offsets[j]:offsets[j + 1]], gamma=g).mean()
+                                 for j in range(keep.numel())]).clamp_min(torch.finfo(X.dtype).tiny)
+            share = fit.variances.cumsum(1) / total.unsqueeze(1)
+            reached = (share >= explained).to(torch.int64)
+            # first d reaching the threshold per patch (d_req where none does); one d for all
+            first = torch.where(reached.any(1), reached.argmax(1) + 1, torch.full_like(reached[:, 0], d_req))
+            d = int(first.max())
+        mu[keep] = fit.eigenvalues
+        lam[keep] = fit.variances
+        betas[keep] = project_onto_basis(Xk, fit, B, gamma=g)
+    return LocalGeometry(centers=res.centers.contiguous(), counts=res.counts.to(X.dtype).contiguous(),
+                         eigenvalues=mu[:, :d].contiguous(), variances=lam[:, :d].contiguous(),
+                         betas=betas[:, :d].contiguous(), gamma=g,
                          epsilon=float(res.epsilon), delta=float(res.delta))
 
 
@@ -196,8 +204,9 @@ def fuse(lgds: Sequence[LocalGeometry], *, n_entries: int, seed: int = 0) -> Geo
     region's patches by paper Eq. 7: per component i, a weighted mean with weights n_j * lambda_j,i
     of the variances, eigenvalues and betas.
 
-    Before averaging, each patch's beta_i is sign-aligned with the heaviest patch's in its region
-    (eigenvector signs are arbitrary per patch; averaging opposite signs would cancel them). All
+    Before averaging, each patch's beta_i is sign-aligned with that of the region's member with
+    the largest weight for component i (eigenvector signs are arbitrary per patch; averaging
+    opposite signs would cancel them). All
     LGDs must share gamma, d and S.
     """
     if not isinstance(lgds, (list, tuple)) or not lgds:
@@ -226,12 +235,12 @@ def fuse(lgds: Sequence[LocalGeometry], *, n_entries: int, seed: int = 0) -> Geo
 def _fuse_regions(centers, counts, mu, lam, betas, region, L: int, gamma: float) -> GeometryDictionary:
     d = lam.shape[1]
     w = counts.unsqueeze(1) * lam  # (P, d): Eq. 7 weights n_j * lambda_j,i
-    # sign alignment against the region's heaviest patch, per component
-    heaviest = torch.zeros(L, dtype=torch.int64, device=centers.device)
+    # sign alignment, per region and component, against the member with the largest weight
+    heaviest = torch.zeros(L, d, dtype=torch.int64, device=centers.device)
     for r in range(L):
         members = torch.nonzero(region == r).squeeze(1)
-        heaviest[r] = members[counts[members].argmax()]
-    ref = betas[heaviest[region]]  # (P, d, S)
+        heaviest[r] = members[w[members].argmax(0)]
+    ref = betas[heaviest[region], torch.arange(d, device=betas.device)]  # (P, d, S)
     sign = torch.sign((betas * ref).sum(-1))
     sign = torch.where(sign == 0, torch.ones_like(sign), sign)
     aligned = betas * sign.unsqueeze(-1)
