@@ -1,0 +1,385 @@
+"""GGEUR (CVPR 2025): geometric knowledge-guided localized global distribution alignment.
+
+Pure functions over tensors, split by who runs them, so any FL codebase can call them:
+
+client   stats = local_statistics(X, y, n_classes)            -> upload (stats.to_dict())
+server   geometry = aggregate([stats_0, stats_1, ...])         -> download (geometry.to_dict())
+client   X_new, y_new = augment(X, y, geometry, n_per_sample=1, generator=g)
+client   P, labels = prototypes(stats_list, exclude=k)         (multi-domain: other clients'
+         X_p, y_p = augment_prototypes(P, labels, geometry, n_per_prototype=30, generator=g)
+                                                                class means, sent by the server)
+
+Math (paper Eq. 4 and Sec. 3): the server pools the clients' biased per-class covariances
+exactly, Sigma = (1/N)[sum_k n_k Sigma_k + sum_k n_k (mu_k - mu)(mu_k - mu)^T], and
+eigendecomposes each class once, Sigma = Xi diag(lambda) Xi^T. A client turns a sample x of class
+c into x' = x + sum_m eps_m s_m xi_m, eps ~ N(0, I), with s_m = sqrt(lambda_m) (``noise="sqrt"``,
+the default: x' - x ~ N(0, Sigma), which is what the official code draws through
+``np.random.multivariate_normal``) or s_m = lambda_m (``noise="paper"``, the formula as the paper
+prints it; it uses a variance as a standard deviation, so its scale depends on the units of X).
+
+Speed: the official code eigendecomposes (and Cholesky-factors) the class covariance again for
+every sample; here it is one batched eigh per round on the server, and sampling is one GEMM per
+class, (n_new, k) standard normals times (k, D) = diag(s) Xi^T.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _validate
+from .ops.moments import class_moments, eigh, pool_moments
+
+NOISE_MODES = ("sqrt", "paper")
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.element_size() * t.numel() for t in tensors)
+
+
+def _from_dict(cls, d, keys: tuple[str, ...]):
+    if not isinstance(d, dict):
+        raise TypeError(f"{cls.__name__}.from_dict expects a dict of tensors, got {type(d).__name__}")
+    missing = [k for k in keys if k not in d]
+    extra = [k for k in d if k not in keys]
+    if missing or extra:
+        raise ValueError(f"{cls.__name__}.from_dict needs exactly the keys {keys}; "
+                         f"missing {missing}, unexpected {extra}")
+    return cls(**{k: d[k] for k in keys})
+
+
+@dataclass(eq=False)
+class ClassStatistics:
+    """What one client uploads: per-class counts (C,) int64, means (C, D), biased covs (C, D, D).
+
+    Classes the client does not hold have count 0 (and zero mean and covariance).
+    """
+    counts: torch.Tensor
+    means: torch.Tensor
+    covs: torch.Tensor
+
+    _KEYS = ("counts", "means", "covs")
+
+    def __post_init__(self):
+        self.counts, self.means, self.covs = _check_statistics("statistics", self)
+
+    @property
+    def n_classes(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[1]
+
+    def nbytes(self) -> int:
+        """Upload size in bytes of the three tensors as stored (dense; covs are not packed)."""
+        return _nbytes(self.counts, self.means, self.covs)
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        """Plain tensors, e.g. for ``safetensors.torch.save(stats.to_dict())``."""
+        return {k: getattr(self, k) for k in self._KEYS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, torch.Tensor]) -> "ClassStatistics":
+        return _from_dict(cls, d, cls._KEYS)
+
+
+@dataclass(eq=False)
+class GlobalGeometry:
+    """What the server sends back: per class c the pooled count, mean and covariance eigenbasis.
+
+    counts (C,) int64; means (C, D); eigenvalues (C, K) descending, >= 0 (variances along the
+    axes); eigenvectors (C, D, K), column m of eigenvectors[c] is xi_m of class c. K = D unless
+    ``aggregate(..., n_components=K)`` kept only the top K.
+    """
+    counts: torch.Tensor
+    means: torch.Tensor
+    eigenvalues: torch.Tensor
+    eigenvectors: torch.Tensor
+
+    _KEYS = ("counts", "means", "eigenvalues", "eigenvectors")
+
+    def __post_init__(self):
+        self.counts, self.means, self.eigenvalues, self.eigenvectors = _check_geometry("geometry", self)
+
+    @property
+    def n_classes(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[1]
+
+    def covariances(self) -> torch.Tensor:
+        """(C, D, D) = Xi diag(lambda) Xi^T: the pooled covariances (their top-K part if truncated)."""
+        return (self.eigenvectors * self.eigenvalues.unsqueeze(1)) @ self.eigenvectors.mT
+
+    def to(self, device=None, dtype=None) -> "GlobalGeometry":
+        """A copy on another device and/or float dtype (counts stay int64)."""
+        return GlobalGeometry(self.counts.to(device), self.means.to(device, dtype),
+                              self.eigenvalues.to(device, dtype), self.eigenvectors.to(device, dtype))
+
+    def nbytes(self) -> int:
+        """Download size in bytes of the four tensors as stored."""
+        return _nbytes(self.counts, self.means, self.eigenvalues, self.eigenvectors)
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        """Plain tensors, e.g. for ``safetensors.torch.save(geometry.to_dict())``."""
+        return {k: getattr(self, k) for k in self._KEYS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, torch.Tensor]) -> "GlobalGeometry":
+        return _from_dict(cls, d, cls._KEYS)
+
+
+def _check_counts(name: str, counts, C: int, device) -> torch.Tensor:
+    if not isinstance(counts, torch.Tensor):
+        raise TypeError(f"{name}.counts must be an int64 torch.Tensor, got {type(counts).__name__}")
+    if counts.dtype.is_floating_point or counts.dtype.is_complex or counts.dtype == torch.bool:
+        raise TypeError(f"{name}.counts must hold integer sample counts, got dtype {counts.dtype}; "
+                        f"use counts.long()")
+    if counts.shape != (C,):
+        raise ValueError(f"{name}.counts must have shape (C,) = ({C},) to match means, "
+                         f"got {tuple(counts.shape)}")
+    if counts.device != device:
+        raise ValueError(f"{name}.counts is on {counts.device} but means are on {device}")
+    if C and bool((counts < 0).any()):
+        raise ValueError(f"{name}.counts must be >= 0, got min {int(counts.min())}")
+    return counts.long()
+
+
+def _check_statistics(name: str, s: ClassStatistics):
+    means = _validate.tensor(f"{name}.means", s.means, ndim=2)
+    covs = _validate.tensor(f"{name}.covs", s.covs, ndim=3)
+    _validate.same_device_dtype(**{f"{name}.means": means, f"{name}.covs": covs})
+    C, D = means.shape
+    if covs.shape != (C, D, D):
+        raise ValueError(f"{name}.covs must have shape (C, D, D) = ({C}, {D}, {D}) to match means "
+                         f"{tuple(means.shape)}, got {tuple(covs.shape)}")
+    return _check_counts(name, s.counts, C, means.device), means, covs
+
+
+def _check_geometry(name: str, g: GlobalGeometry):
+    means = _validate.tensor(f"{name}.means", g.means, ndim=2)
+    ev = _validate.tensor(f"{name}.eigenvalues", g.eigenvalues, ndim=2)
+    V = _validate.tensor(f"{name}.eigenvectors", g.eigenvectors, ndim=3)
+    _validate.same_device_dtype(**{f"{name}.means": means, f"{name}.eigenvalues": ev,
+                                   f"{name}.eigenvectors": V})
+    C, D = means.shape
+    K = ev.shape[1]
+    if ev.shape[0] != C or not 1 <= K <= D or V.shape != (C, D, K):
+        raise ValueError(f"{name}: expected eigenvalues (C, K) and eigenvectors (C, D, K) with "
+                         f"1 <= K <= D for means (C, D) = {tuple(means.shape)}; got eigenvalues "
+                         f"{tuple(ev.shape)}, eigenvectors {tuple(V.shape)}")
+    if bool((ev < 0).any()):
+        raise ValueError(f"{name}.eigenvalues must be >= 0 (variances), got min {float(ev.min()):.3g}; "
+                         "clamp them with eigenvalues.clamp_min(0)")
+    if K > 1 and bool((ev[:, 1:] > ev[:, :-1]).any()):
+        raise ValueError(f"{name}.eigenvalues must be sorted in descending order along each row "
+                         "(n_components keeps the leading ones)")
+    return _check_counts(name, g.counts, C, means.device), means, ev, V
+
+
+def local_statistics(X: torch.Tensor, y: torch.Tensor, n_classes: int) -> ClassStatistics:
+    """Client side: per-class counts, means and biased covariances of its embeddings.
+
+    X: (N, D) float32/float64; y: (N,) integer labels in [0, n_classes). N may be 0.
+    """
+    counts, means, covs = class_moments(X, y, n_classes)
+    return ClassStatistics(counts, means, covs)
+
+
+def _check_stats_list(stats_list) -> tuple[int, int]:
+    """All entries ClassStatistics with client 0's C, D, dtype and device; returns (C, D)."""
+    if isinstance(stats_list, ClassStatistics) or not hasattr(stats_list, "__len__"):
+        raise TypeError("stats_list must be a list of ClassStatistics (one per client)")
+    if len(stats_list) == 0:
+        raise ValueError("stats_list is empty; it needs at least one client's statistics")
+    for k, s in enumerate(stats_list):
+        if not isinstance(s, ClassStatistics):
+            raise TypeError(f"stats_list[{k}] is a {type(s).__name__}, not ClassStatistics; "
+                            "rebuild received dicts with ClassStatistics.from_dict(d)")
+    s0 = stats_list[0]
+    C, D = s0.means.shape
+    for k, s in enumerate(stats_list[1:], start=1):
+        if s.means.shape != (C, D):
+            raise ValueError(f"client {k} (stats_list[{k}]) has C={s.means.shape[0]} classes and "
+                             f"D={s.means.shape[1]} dims, but client 0 has C={C}, D={D}; all "
+                             "clients must use the same label space and embedding")
+        if s.means.dtype != s0.means.dtype or s.means.device != s0.means.device:
+            raise ValueError(f"client {k} (stats_list[{k}]) is {s.means.dtype} on {s.means.device} "
+                             f"but client 0 is {s0.means.dtype} on {s0.means.device}; convert "
+                             "them to one dtype and device first")
+    return C, D
+
+
+def aggregate(stats_list, *, n_components: int | None = None) -> GlobalGeometry:
+    """Server side: pool the clients' statistics exactly (paper Eq. 4) and eigendecompose.
+
+    stats_list: non-empty sequence of ClassStatistics, all with the same C, D, dtype and device.
+    One batched symmetric eigh over all C classes. Eigenvalues are clamped at 0, and those at
+    or below the numerical-rank tolerance D * eps * lambda_max of their class (numpy's
+    ``matrix_rank`` convention) are set to exactly 0: they are round-off, and sampling with
+    sqrt(lambda) would otherwise amplify 1e-16 into 1e-8 of spurious noise per direction off
+    the span of the data. Classes nobody holds get count 0, zero mean and zero eigenvalues.
+    n_components: keep only the top K eigenpairs (smaller download; augment can then use at
+    most K).
+    """
+    C, D = _check_stats_list(stats_list)
+    K = D if n_components is None else _validate.positive_int("n_components", n_components)
+    if K > D:
+        raise ValueError(f"n_components={K} is larger than the embedding dimension D={D}")
+    counts, means, covs = pool_moments(torch.stack([s.counts for s in stats_list]),
+                                       torch.stack([s.means for s in stats_list]),
+                                       torch.stack([s.covs for s in stats_list]))
+    # Pooling is symmetric only up to round-off; make it exact so eigh sees a symmetric matrix.
+    covs = 0.5 * (covs + covs.mT)
+    ev, V = eigh(covs, k=K)
+    tol = D * torch.finfo(ev.dtype).eps * ev[:, :1].clamp_min(0)
+    ev = torch.where(ev > tol, ev, torch.zeros_like(ev))
+    return GlobalGeometry(counts, means, ev, V)
+
+
+def prototypes(stats_list, *, exclude: int | None = None):
+    """Class prototypes (local class means) of every client except ``exclude``, for the
+    multi-domain step. Returns prototypes (P, D) and labels (P,) int64, one row per (client,
+    class) with a nonzero count, ordered by client then class.
+    """
+    _check_stats_list(stats_list)
+    if exclude is not None:
+        exclude = _validate.positive_int("exclude", exclude, minimum=0)
+        if exclude >= len(stats_list):
+            raise ValueError(f"exclude={exclude} is not a client index (there are {len(stats_list)})")
+    P, L = [], []
+    for k, s in enumerate(stats_list):
+        if k == exclude:
+            continue
+        held = torch.nonzero(s.counts > 0).squeeze(1)
+        P.append(s.means[held])
+        L.append(held)
+    if not P:
+        return stats_list[0].means[:0], stats_list[0].counts.new_zeros(0)
+    return torch.cat(P), torch.cat(L)
+
+
+def _check_generator(generator, device: torch.device) -> torch.Generator:
+    if generator is None:
+        g = torch.Generator(device=device)
+        g.seed()  # a fresh generator's default seed is a constant; None means "not reproducible"
+        return g
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device} but X is on {device}; "
+                         f"use torch.Generator(device={str(device)!r})")
+    return generator
+
+
+def _sample(X, y, geometry, n_new, generator, noise, n_components, what: str):
+    """Shared sampler. n_new: (C,) int64 on CPU, new rows per class. Rows of class c are drawn
+    round-robin from that class's rows of X (in their order in X); output grouped by class."""
+    C = geometry.n_classes
+    local = torch.bincount(y, minlength=C).cpu()
+    missing = torch.nonzero((local > 0) & (geometry.counts.cpu() == 0)).squeeze(1)
+    if missing.numel():
+        raise ValueError(f"class {int(missing[0])} has {what} but count 0 in geometry (classes "
+                         f"{missing.tolist()}); the geometry was aggregated without this client's "
+                         "statistics or for another label space")
+    n_new = torch.where(local > 0, n_new, torch.zeros_like(n_new))
+    total = int(n_new.sum())
+    K = geometry.eigenvalues.shape[1]
+    k = K if n_components is None else _validate.positive_int("n_components", n_components)
+    if k > K:
+        raise ValueError(f"n_components={k} is larger than the {K} eigenpairs in geometry")
+    gen = _check_generator(generator, X.device)
+    X_new = X.new_empty(total, X.shape[1])
+    y_new = torch.repeat_interleave(torch.arange(C), n_new).to(y.device)
+    if total == 0:
+        return X_new, y_new
+    eps = torch.randn(total, k, generator=gen, dtype=X.dtype, device=X.device)
+
+    # Source rows: class c's local rows in X order, cycled round-robin to n_new[c] rows.
+    classes = torch.nonzero(n_new).squeeze(1).tolist()
+    order = torch.argsort(y, stable=True).cpu()
+    starts = torch.cumsum(local, 0) - local
+    src = torch.cat([order[starts[c] + torch.arange(int(n_new[c])) % local[c]] for c in classes])
+    torch.index_select(X, 0, src.to(X.device), out=X_new)
+    lo = 0
+    for c in classes:
+        hi = lo + int(n_new[c])
+        lam = geometry.eigenvalues[c, :k]
+        scale = lam.sqrt() if noise == "sqrt" else lam
+        W = scale.unsqueeze(1) * geometry.eigenvectors[c, :, :k].T  # (k, D) = diag(s) Xi^T
+        X_new[lo:hi].addmm_(eps[lo:hi], W)  # the one GEMM per class
+        lo = hi
+    return X_new, y_new
+
+
+def _check_inputs(name: str, X, labels_name: str, y, geometry):
+    if not isinstance(geometry, GlobalGeometry):
+        raise TypeError(f"geometry must be a GlobalGeometry (from ggeur.aggregate or "
+                        f"GlobalGeometry.from_dict), got {type(geometry).__name__}")
+    X = _validate.tensor(name, X, ndim=2, allow_empty=True)
+    _validate.same_dim(name, X, "geometry.means", geometry.means)
+    if geometry.means.device != X.device or geometry.means.dtype != X.dtype:
+        raise ValueError(f"geometry is {geometry.means.dtype} on {geometry.means.device} but {name} "
+                         f"is {X.dtype} on {X.device}; use geometry.to({name}.device, {name}.dtype)")
+    y = _validate.labels(labels_name, y, X.shape[0], geometry.n_classes, device=X.device)
+    return X, y
+
+
+def augment(X: torch.Tensor, y: torch.Tensor, geometry: GlobalGeometry, *,
+            n_per_sample: int | None = None, target_per_class: int | None = None,
+            generator: torch.Generator | None, noise: str = "sqrt",
+            n_components: int | None = None):
+    """Client side: new samples x' = x + sum_m eps_m s_m xi_m around the local samples.
+
+    X: (N, D) local embeddings, y: (N,) labels in [0, C); geometry from ``aggregate`` on X's
+    device and dtype. Exactly one of
+      n_per_sample: int >= 0, that many new samples per local sample;
+      target_per_class: int >= 0, max(0, target - n_c) new samples for each class c the client
+        holds (n_c > 0), spread round-robin over that class's local samples (so when fewer
+        than n_c are needed, the first ones in X order are used: shuffle X for a random
+        choice). Classes with no local sample get none (use ``augment_prototypes`` for those).
+    generator: required keyword; a torch.Generator on X's device makes the draw reproducible,
+      None draws from a fresh, randomly seeded generator (not reproducible).
+    noise: "sqrt" (s = sqrt(lambda): x' - x ~ N(0, Sigma_c), as the official code samples) or
+      "paper" (s = lambda, as the paper's equation prints it).
+    n_components: use only the top n_components eigenpairs of each class (default: all).
+
+    Returns only the generated samples (X_new (M, D), y_new (M,) int64), on X's device and in
+    X's dtype, grouped by class in ascending order; within class c, row j comes from the
+    class's (j mod n_c)-th local sample in X order. The caller concatenates them with X.
+    Raises ValueError if a class with local samples has count 0 in geometry.
+    """
+    X, y = _check_inputs("X", X, "y", y, geometry)
+    noise = _validate.choice("noise", noise, NOISE_MODES)
+    if (n_per_sample is None) == (target_per_class is None):
+        raise ValueError("give exactly one of n_per_sample (new samples per local sample) or "
+                         "target_per_class (total samples per class after augmentation)")
+    local = torch.bincount(y, minlength=geometry.n_classes).cpu()
+    if n_per_sample is not None:
+        m = _validate.positive_int("n_per_sample", n_per_sample, minimum=0)
+        n_new = local * m
+    else:
+        t = _validate.positive_int("target_per_class", target_per_class, minimum=0)
+        n_new = (t - local).clamp_min(0)
+    return _sample(X, y, geometry, n_new, generator, noise, n_components, "local samples")
+
+
+def augment_prototypes(prototypes: torch.Tensor, labels: torch.Tensor, geometry: GlobalGeometry,
+                       *, n_per_prototype: int, generator: torch.Generator | None,
+                       noise: str = "sqrt", n_components: int | None = None):
+    """Multi-domain step: samples around other clients'/domains' class prototypes.
+
+    prototypes: (P, D) (e.g. from ``ggeur.prototypes(stats_list, exclude=me)``), labels: (P,)
+    in [0, C). Each prototype p of class c gets n_per_prototype samples p + sum_m eps_m s_m xi_m
+    with class c's global eigenbasis: the same sampler, arguments and output order as
+    ``augment(prototypes, labels, geometry, n_per_sample=n_per_prototype, ...)``.
+    """
+    prototypes, labels = _check_inputs("prototypes", prototypes, "labels", labels, geometry)
+    noise = _validate.choice("noise", noise, NOISE_MODES)
+    m = _validate.positive_int("n_per_prototype", n_per_prototype, minimum=0)
+    n_new = torch.bincount(labels, minlength=geometry.n_classes).cpu() * m
+    return _sample(prototypes, labels, geometry, n_new, generator, noise, n_components,
+                   "prototypes")
