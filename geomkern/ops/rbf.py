@@ -105,9 +105,9 @@ def median_gamma(X: torch.Tensor, *, max_points: int = 2048, seed: int = 0) -> f
         gen = torch.Generator().manual_seed(int(seed))
         idx = torch.randperm(Xc.shape[0], generator=gen)[:max_points].to(X.device)
         Xc = Xc[idx]
-    n = Xc.shape[0]
-    iu = torch.triu_indices(n, n, offset=1, device=Xc.device)
-    d2 = _sqdist(Xc, Xc)[iu[0], iu[1]]
+    # Direct differences, not the GEMM expansion: coincident points must give exactly 0 (the
+    # expansion leaves ~eps |x|^2 of roundoff, which made 1/median huge instead of raising).
+    d2 = torch.pdist(Xc).square()
     med = float(torch.quantile(d2, 0.5)) if d2.numel() <= (1 << 24) else float(d2.median())
     if med <= 0:
         raise ValueError("median pairwise squared distance of X is 0 (more than half the pairs "

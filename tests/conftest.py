@@ -1,0 +1,155 @@
+"""Shared test helpers: per-dtype tolerances, a relative-error assertion that says where it failed,
+a printed random seed per test, the ``--runslow`` / ``--seed`` options and the ``gpu`` skip.
+
+Every test draws fresh random inputs: either from a hypothesis-drawn ``seed`` (hypothesis prints
+it in the falsifying example) or from the ``seed`` fixture below, which prints the seed it used
+(pytest shows captured output of failing tests); rerun with ``--seed=<that seed>`` to reproduce.
+"""
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import geomkern as gk
+
+# Relative error bounds per dtype, for ops whose float64 oracle is exact (DESIGN.md conventions):
+# float32 outputs are compared with the float64 oracle evaluated on the same float32-rounded inputs.
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+# float16/bfloat16 results are rounded to the storage format: unit roundoff 2^-11 and 2^-8, so twice
+# that bounds the norm-wise error of a result computed in float32 and rounded once.
+HALF_TOL = {torch.float16: 2 * 2.0 ** -11, torch.bfloat16: 2 * 2.0 ** -8}
+FLOATS = (torch.float64, torch.float32)
+SIZES = (1, 7, 33, 257)
+
+settings.register_profile(
+    "geomkern",
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                           HealthCheck.data_too_large],
+)
+settings.load_profile("geomkern")
+
+CUDA = torch.cuda.is_available()
+DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.gpu))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run tests marked slow")
+    parser.addoption("--seed", action="store", type=int, default=None,
+                     help="seed for the `seed` fixture (reproduce a failure printed by a test)")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_slow = pytest.mark.skip(reason="slow test: opt in with --runslow")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "slow" in item.keywords and not config.getoption("--runslow"):
+            item.add_marker(skip_slow)
+        if "gpu" in item.keywords and not CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh random seed per test (or ``--seed``), printed so a failure can be replayed."""
+    s = request.config.getoption("--seed")
+    if s is None:
+        s = secrets.randbits(31)
+    print(f"[geomkern tests] {request.node.nodeid}: seed={s} (rerun with --seed={s})")
+    return s
+
+
+@pytest.fixture
+def gen(seed) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def rng(seed) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def backends_for(*ops: str) -> list[str]:
+    """The reference plus every backend built here that implements one of ``ops``: parametrize an
+    oracle test with these (indirectly, through the ``backend`` fixture) so the same oracle table
+    drives every backend."""
+    reg = gk.registered_ops()
+    return [b for b in gk.available_backends()
+            if b == "reference" or any(b in reg.get(op, ()) for op in ops)]
+
+
+@pytest.fixture
+def backend(request):
+    """Runs the test under the backend named by the (indirect) parameter, "reference" if none."""
+    name = getattr(request, "param", "reference")
+    with gk.set_backend(name):
+        yield name
+
+
+def _np64(a) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        return a.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(a, dtype=np.float64)
+
+
+def rel_error(out, ref) -> float:
+    """Norm-wise relative error |out - ref| / |ref| (absolute when ref is all zero)."""
+    o, r = _np64(out), _np64(ref)
+    den = np.linalg.norm(r)
+    num = np.linalg.norm(o - r)
+    return float(num / den) if den > 0 else float(num)
+
+
+def assert_close_rel(out, ref, tol: float, name: str = "output") -> None:
+    """Assert |out - ref| / |ref| <= tol (norm-wise; absolute when ref == 0).
+
+    Reports the relative error, the largest absolute error and where it is, the first index
+    whose error exceeds tol * max|ref|, and any NaN/Inf that appears in only one of the two.
+    """
+    o, r = _np64(out), _np64(ref)
+    assert o.shape == r.shape, f"{name}: shape {o.shape} != reference shape {r.shape}"
+    bad_o, bad_r = ~np.isfinite(o), ~np.isfinite(r)
+    if (bad_o != bad_r).any():
+        idx = np.argwhere(bad_o != bad_r)
+        raise AssertionError(
+            f"{name}: NaN/Inf mismatch at {len(idx)} position(s), first {tuple(idx[0])}: "
+            f"out={o[tuple(idx[0])]!r}, ref={r[tuple(idx[0])]!r}")
+    if bad_r.any():  # both non-finite at the same places: those must agree exactly
+        same = (o[bad_r] == r[bad_r]) | (np.isnan(o[bad_r]) & np.isnan(r[bad_r]))
+        assert same.all(), f"{name}: non-finite values differ"
+        o, r = np.where(bad_r, 0.0, o), np.where(bad_r, 0.0, r)
+    err = rel_error(o, r)
+    if not err <= tol:
+        diff = np.abs(o - r)
+        worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
+        scale = np.abs(r).max() if r.size else 0.0
+        over = np.argwhere(diff > tol * max(scale, np.finfo(np.float64).tiny))
+        first = tuple(over[0]) if len(over) else None
+        msg = (f"{name}: relative error {err:.3e} > tol {tol:.1e}; max |out-ref| = "
+               f"{diff.max():.3e} at {worst} (out={o[worst]!r}, ref={r[worst]!r}); "
+               f"{len(over)} element(s) off by more than tol*max|ref|")
+        if first is not None:
+            msg += f", first at {first} (out={o[first]!r}, ref={r[first]!r})"
+        raise AssertionError(msg)
+
+
+def match_signs(out, ref) -> np.ndarray:
+    """Per-column signs s (+-1) so that out * s best matches ref (columns along the last axis...
+    of 2-D (rows, components) arrays). Columns that are zero in either keep +1."""
+    o, r = _np64(out), _np64(ref)
+    s = np.sign((o * r).sum(0))
+    s[s == 0] = 1.0
+    return s
+
+
+def offsets_from_sizes(sizes) -> torch.Tensor:
+    off = [0]
+    for s in sizes:
+        off.append(off[-1] + int(s))
+    return torch.tensor(off, dtype=torch.int64)

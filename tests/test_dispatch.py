@@ -1,0 +1,163 @@
+"""Backend selection: set_backend as a call and as a context manager, GEOMKERN_BACKEND, the
+registry, and that every backend built here agrees with the reference on every op it has."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import geomkern as gk
+from geomkern import _dispatch
+from geomkern.backends import native
+from conftest import TOL, assert_close_rel, offsets_from_sizes
+
+
+def _run(code: str, env_value: str | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("GEOMKERN_BACKEND", None)
+    if env_value is not None:
+        env["GEOMKERN_BACKEND"] = env_value
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def _restore_backend():
+    """Whatever a test does to the backend choice, the next test starts from the same state."""
+    token = _dispatch._current.set(_dispatch._current.get())
+    yield
+    _dispatch._current.reset(token)
+
+
+def test_reference_always_available_and_native_built():
+    avail = gk.available_backends()
+    assert "reference" in avail
+    # CI builds geomkern._C (setup.py), so the native extension must load here
+    assert native.is_available(), native.load_error()
+    native_ops = [op for op, impls in gk.registered_ops().items() if "native" in impls]
+    # available_backends lists backends that are built AND implement at least one op
+    assert ("native" in avail) == bool(native_ops)
+    for name in avail:
+        assert any(name in impls for impls in gk.registered_ops().values())
+
+
+def test_set_backend_as_call_stays_in_force():
+    start = gk.get_backend()
+    gk.set_backend("reference")
+    assert gk.get_backend() == "reference"
+    gk.set_backend("  AUTO ")  # names are normalised
+    assert gk.get_backend() == "auto"
+    gk.set_backend(start)
+
+
+def test_set_backend_as_context_manager_restores():
+    start = gk.get_backend()
+    with gk.set_backend("reference") as ctx:
+        assert gk.get_backend() == "reference"
+        assert ctx is not None
+        for op in gk.registered_ops():
+            assert _dispatch.resolve(op, "cpu") == "reference"
+        if "native" in gk.available_backends():
+            with gk.set_backend("native"):
+                assert gk.get_backend() == "native"
+            assert gk.get_backend() == "reference"
+    assert gk.get_backend() == start
+    with pytest.raises(KeyError):
+        with gk.set_backend("reference"):
+            raise KeyError("boom")
+    assert gk.get_backend() == start, "not restored after an exception"
+
+
+def test_explicit_backend_falls_back_to_reference_for_ops_it_lacks():
+    for name in gk.available_backends():
+        with gk.set_backend(name):
+            for op, impls in gk.registered_ops().items():
+                got = _dispatch.resolve(op, "cpu")
+                if name in impls and _dispatch._supports_device(name, "cpu"):
+                    assert got == name
+                else:
+                    assert got == "reference"
+
+
+def test_auto_only_picks_available_backends():
+    with gk.set_backend("auto"):
+        for op in gk.registered_ops():
+            assert _dispatch.resolve(op, "cpu") in gk.available_backends()
+
+
+def test_unknown_and_unavailable_backends():
+    with pytest.raises(ValueError, match="not a geomkern backend"):
+        gk.set_backend("cuda")
+    if "triton" not in gk.available_backends():
+        with pytest.raises(RuntimeError, match="backend 'triton' is not available"):
+            gk.set_backend("triton")
+    if "cupy" not in gk.available_backends():
+        with pytest.raises(RuntimeError, match="backend 'cupy' is not available"):
+            gk.set_backend("cupy")
+
+
+def test_triton_unavailable_on_this_cpu_machine():
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("triton can run here (CUDA or TRITON_INTERPRET=1)")
+    assert "triton" not in gk.available_backends()
+    with pytest.raises(RuntimeError, match="not available"):
+        gk.set_backend("triton")
+
+
+def test_env_var_sets_initial_backend():
+    show = "import geomkern as gk; print(gk.get_backend()); gk.set_backend('auto'); " \
+           "print(gk.get_backend())"
+    r = _run(show, "reference")
+    assert r.returncode == 0, r.stderr
+    # the variable is the initial choice; set_backend overrides it
+    assert r.stdout.split() == ["reference", "auto"]
+    r = _run(show, " Native ")  # normalised like set_backend's argument
+    assert r.returncode == 0 and r.stdout.split() == ["native", "auto"], r.stderr
+    r = _run("import geomkern as gk; print(gk.get_backend())", "")
+    assert r.returncode == 0 and r.stdout.strip() == "auto", r.stderr
+    r = _run("import geomkern as gk; print(gk.get_backend())", "bogus")
+    assert r.returncode != 0 and "not a geomkern backend" in r.stderr
+
+
+def _cases(gen):
+    X = torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    B = torch.randn(9, 3, generator=gen, dtype=torch.float64)
+    off = offsets_from_sizes([7, 33])
+    fit = gk.kpca(X, off, n_components=2, gamma=0.3)
+    T = torch.rand(5, 9, generator=gen, dtype=torch.float64) * 0.5
+    return {
+        "rbf_gram": lambda: gk.rbf_gram(X, B, gamma=0.3),
+        "rbf_matmul": lambda: gk.rbf_matmul(X, B, B[:, :2], gamma=0.3),
+        "kpca_dense": lambda: gk.kpca(X, off, n_components=2, gamma=0.3, solver="dense").alphas,
+        "kpca_subspace": lambda: gk.kpca(X, off, n_components=2, gamma=0.3,
+                                         solver="subspace").alphas,
+        "project_onto_basis": lambda: gk.project_onto_basis(X, fit, B, gamma=0.3),
+        "preimage_gd": lambda: gk.preimage(X[:5], B, T, gamma=0.3, steps=30),
+        "preimage_fixed_point": lambda: gk.preimage(X[:5], B, T, gamma=0.3, steps=30,
+                                                    method="fixed_point"),
+        "preimage_coordinates": lambda: gk.preimage(X[:5], B, T[:, :2], gamma=0.3, steps=10,
+                                                    method="coordinates", proj=T[:2].clone()),
+        "class_moments": lambda: gk.class_moments(X, torch.arange(40) % 4, 4)[2],
+        "eigh": lambda: gk.eigh(X.T @ X, k=2)[0],
+        "kmeans": lambda: gk.kmeans(X, 3, offsets=off, seed=1)[1],
+    }
+
+
+def test_every_backend_agrees_with_reference(gen):
+    cases = _cases(gen)
+    assert set(cases) == set(gk.registered_ops()), "a registered op has no dispatch check here"
+    with gk.set_backend("reference"):
+        ref = {op: f() for op, f in cases.items()}
+    for name in gk.available_backends():
+        with gk.set_backend(name):
+            for op, f in cases.items():
+                if _dispatch.resolve(op, "cpu") != name:
+                    continue
+                out = f()
+                if op == "kmeans":  # different arithmetic may break near-ties differently
+                    assert out.shape == ref[op].shape and bool(torch.isfinite(out).all())
+                else:
+                    assert_close_rel(out, ref[op], TOL[torch.float64], f"{name}:{op}")

@@ -1,0 +1,152 @@
+"""kmeans: inertia against sklearn.cluster.KMeans, batched segments, consistency, determinism."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.cluster import KMeans
+from sklearn.datasets import make_blobs
+
+import geomkern as gk
+from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for,
+                      offsets_from_sizes)
+
+seeds = st.integers(0, 2 ** 32 - 1)
+# Lloyd on these small sets converges long before this; the consistency checks need convergence.
+ITERS = 500
+
+
+def _np(t):
+    return t.detach().cpu().double().numpy()
+
+
+def _inertia(X, labels, centers):
+    return float(((X - centers[labels]) ** 2).sum())
+
+
+def check_consistent(X, labels, centers, k, tol):
+    """Non-empty clusters' centres are the means of their points; each label is a nearest centre."""
+    X64, C64, lab = _np(X), _np(centers), labels.cpu().numpy()
+    assert lab.min() >= 0 and lab.max() < k
+    for c in np.unique(lab):
+        pts = X64[lab == c]
+        # summation error scales with the summands' magnitudes, not with the (maybe ~0) mean
+        err = np.linalg.norm(C64[c] - pts.mean(0))
+        assert err <= tol * np.linalg.norm(np.abs(pts).mean(0)), (
+            f"centre {c} is off the mean of its {len(pts)} points by {err:.3e}")
+    d2 = ((X64[:, None, :] - C64[None]) ** 2).sum(-1)
+    own = d2[np.arange(len(lab)), lab]
+    slack = tol * (np.abs(X64).max() ** 2 + 1.0)
+    assert (own <= d2.min(1) + slack).all(), "a point is not assigned to its nearest centre"
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kmeans_inertia_close_to_sklearn(dtype, seed):
+    """Averaged over blobs and uniform data sets and several seeds, ours <= 1.05 x sklearn's."""
+    rng = np.random.default_rng(seed)
+    ratios = []
+    for t in range(16):
+        n, D, k = [(100, 2, 3), (257, 5, 5), (500, 10, 8), (60, 3, 4)][t % 4]
+        if t % 2 == 0:
+            X, _ = make_blobs(n, D, centers=k + int(rng.integers(-1, 2)),
+                              cluster_std=float(rng.uniform(0.5, 2.5)),
+                              random_state=int(rng.integers(2 ** 31)))
+        else:
+            X = rng.uniform(size=(n, D))
+        Xt = torch.from_numpy(X).to(dtype)
+        s = int(rng.integers(2 ** 31))
+        labels, centers = gk.kmeans(Xt, k, seed=s, iters=300)
+        ours = _inertia(_np(Xt), labels.numpy(), _np(centers))
+        ref = KMeans(n_clusters=k, n_init=1, random_state=s).fit(_np(Xt)).inertia_
+        ratios.append(ours / ref)
+    print("inertia ratios ours/sklearn:", np.round(ratios, 4))
+    assert np.mean(ratios) <= 1.05, f"mean inertia ratio {np.mean(ratios):.4f} > 1.05"
+
+
+@pytest.mark.parametrize("backend", backends_for("kmeans"), indirect=True)
+@settings(max_examples=20)
+@given(sizes=st.lists(st.sampled_from((1, 7, 33, 257)), min_size=1, max_size=5),
+       k=st.integers(1, 5), D=st.sampled_from((1, 2, 9)), dtype=st.sampled_from(FLOATS),
+       seed=seeds)
+def test_kmeans_batched_segments_consistent(sizes, k, D, dtype, seed, backend):
+    k = min(k, min(sizes))
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.cat([(3.0 * torch.randn(1, D, generator=gen, dtype=torch.float64)
+                    + torch.randn(n, D, generator=gen, dtype=torch.float64))
+                   for n in sizes]).to(dtype)
+    off = offsets_from_sizes(sizes)
+    s = int(torch.randint(0, 2 ** 31, (), generator=gen))
+    labels, centers = gk.kmeans(X, k, offsets=off, seed=s, iters=ITERS)
+    assert labels.shape == (X.shape[0],) and labels.dtype == torch.int64
+    assert centers.shape == (len(sizes), k, D) and centers.dtype == dtype
+    assert bool(torch.isfinite(centers).all())
+    for j in range(len(sizes)):
+        a, b = int(off[j]), int(off[j + 1])
+        check_consistent(X[a:b], labels[a:b], centers[j], k, TOL[dtype])
+        if k == 1:  # one cluster: the mean of the segment
+            assert_close_rel(centers[j, 0], _np(X[a:b]).mean(0), TOL[dtype])
+        if k == b - a and b - a > 1:  # one point per cluster: zero inertia
+            assert _inertia(_np(X[a:b]), labels[a:b].numpy(), _np(centers[j])) <= TOL[dtype]
+
+
+def test_kmeans_segments_match_single_calls_in_quality(seed):
+    """A batched call is as good as separate calls: per-segment inertia within 5% on average."""
+    rng = np.random.default_rng(seed)
+    segs = [make_blobs(n, 4, centers=3, cluster_std=1.0, random_state=int(rng.integers(2 ** 31)))[0]
+            for n in (40, 120, 257, 33, 80, 300)]
+    X = torch.from_numpy(np.concatenate(segs))
+    off = offsets_from_sizes([len(s) for s in segs])
+    labels, centers = gk.kmeans(X, 3, offsets=off, seed=int(rng.integers(2 ** 31)))
+    ratios = []
+    for j, S in enumerate(segs):
+        a, b = int(off[j]), int(off[j + 1])
+        batched = _inertia(S, labels[a:b].numpy(), _np(centers[j]))
+        sk = KMeans(n_clusters=3, n_init=1, random_state=int(rng.integers(2 ** 31)))
+        ref = sk.fit(S).inertia_
+        ratios.append(batched / ref)
+    assert np.mean(ratios) <= 1.05, ratios
+
+
+def test_kmeans_deterministic_for_a_seed(gen):
+    X = torch.randn(300, 4, generator=gen, dtype=torch.float64)
+    off = offsets_from_sizes([100, 7, 193])
+    a = gk.kmeans(X, 5, offsets=off, seed=11)
+    b = gk.kmeans(X, 5, offsets=off, seed=11)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    c = gk.kmeans(X, 5, seed=11)
+    d = gk.kmeans(X, 5, seed=11)
+    assert torch.equal(c[0], d[0]) and torch.equal(c[1], d[1])
+    # the seed matters: over several seeds the results are not all identical
+    outs = {tuple(gk.kmeans(X, 5, seed=s)[0].tolist()) for s in range(6)}
+    assert len(outs) > 1
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kmeans_all_duplicate_points(dtype, gen):
+    x = torch.randn(1, 6, generator=gen, dtype=torch.float64).to(dtype)
+    X = torch.cat([x.repeat(20, 1),
+                   torch.randn(9, 6, generator=gen, dtype=torch.float64).to(dtype)])
+    off = offsets_from_sizes([20, 9])
+    labels, centers = gk.kmeans(X, 4, offsets=off, seed=0)
+    assert bool(torch.isfinite(centers).all())
+    # every centre of an all-duplicate segment is that point (up to the mean's roundoff)
+    assert_close_rel(centers[0], x.expand(4, 6), TOL[dtype], "centres of duplicates")
+    inertia = _inertia(_np(X[:20]), labels[:20].numpy(), _np(centers[0]))
+    assert inertia <= 20 * (TOL[dtype] * float(x.norm())) ** 2
+    check_consistent(X[20:], labels[20:], centers[1], 4, TOL[dtype])
+    l1, c1 = gk.kmeans(x.repeat(5, 1), 2, seed=3)
+    assert bool(torch.isfinite(c1).all())
+    assert_close_rel(c1, x.expand(2, 6), TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kmeans_on_device(device, gen):
+    X = torch.randn(120, 3, generator=gen, dtype=torch.float64)
+    off = offsets_from_sizes([50, 70])
+    labels, centers = gk.kmeans(X.to(device), 3, offsets=off.to(device), seed=1, iters=ITERS)
+    assert labels.device.type == device and centers.device.type == device
+    for j in range(2):
+        a, b = int(off[j]), int(off[j + 1])
+        check_consistent(X[a:b], labels[a:b].cpu(), centers[j].cpu(), 3, TOL[torch.float64])

@@ -1,0 +1,365 @@
+"""kpca / kpca_transform / project_onto_basis against sklearn.decomposition.KernelPCA, per cluster
+of ragged batches, for every solver.
+
+Eigenvectors are only defined up to sign and are only as accurate as the eigengap allows
+(error ~ |dKc| / gap), so clusters used for vector comparisons are drawn until the top
+n_components + 1 eigenvalues of their centred Gram are separated by >= GAP * mu_0 (float64) or
+GAP * n (float32: K's entries are ~1 and carry eps32 each, so |dKc| ~ eps32 n whatever mu_0 is).
+Eigenvalues (Weyl: error <= |dKc|) need no such guard and are also checked on degenerate clusters.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.decomposition import KernelPCA
+from sklearn.metrics.pairwise import rbf_kernel
+
+import geomkern as gk
+from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for, match_signs,
+                      offsets_from_sizes)
+
+GAP = 0.02
+SOLVERS = ("auto", "dense", "subspace")
+seeds = st.integers(0, 2 ** 32 - 1)
+
+
+def _np(t):
+    return t.detach().cpu().double().numpy()
+
+
+def _centred_gram(X64: np.ndarray, g: float) -> np.ndarray:
+    n = X64.shape[0]
+    H = np.eye(n) - np.full((n, n), 1.0 / n)
+    return H @ rbf_kernel(X64, gamma=g) @ H
+
+
+def _gap_ok(X, g, d) -> bool:
+    n = X.shape[0]
+    mu = np.linalg.eigvalsh(_centred_gram(_np(X), g))[::-1]
+    mu = np.concatenate([mu, np.zeros(d + 1)])
+    scale = mu[0] if X.dtype == torch.float64 else n
+    return mu[0] > 0 and bool(((mu[:d] - mu[1:d + 1]) >= GAP * scale).all())
+
+
+def separated_cluster(n, D, d, g, gen, dtype):
+    """A Gaussian blob around a random centre with up to 3 dominant directions (the rest thin),
+    redrawn until its top-d kernel spectrum is separated (see the module docstring)."""
+    for _ in range(2000):
+        scales = 0.1 * torch.rand(D, generator=gen, dtype=torch.float64)
+        q = min(D, 3)
+        scales[:q] = 0.5 + torch.rand(q, generator=gen, dtype=torch.float64)
+        scales = scales[torch.randperm(D, generator=gen)]
+        centre = 2.0 * torch.randn(D, generator=gen, dtype=torch.float64)
+        X = (torch.randn(n, D, generator=gen, dtype=torch.float64) * scales + centre).to(dtype)
+        if _gap_ok(X, g, d):
+            return X
+    raise RuntimeError(f"no cluster with a separated spectrum for n={n}, D={D}, d={d}")
+
+
+def sklearn_fit(X64, d, g):
+    kp = KernelPCA(n_components=d, kernel="rbf", gamma=g, eigen_solver="dense").fit(X64)
+    lam = kp.eigenvalues_
+    scaled = np.zeros_like(kp.eigenvectors_)
+    nz = lam > 0
+    scaled[:, nz] = kp.eigenvectors_[:, nz] / np.sqrt(lam[nz])
+    return kp, lam, scaled
+
+
+# subspace_top's documented stopping rule: every residual |Kc u - mu u| <= this * mu_1
+SUBSPACE_RESIDUAL = {torch.float32: 1e-4, torch.float64: 1e-12}
+
+
+def vector_tol(X64, g, d, dtype, solver) -> float:
+    """Bound for eigenvector-derived quantities (alphas, scores, betas) of one cluster.
+
+    The dense solver is held to the dtype's bound. The iterative solver (``subspace``; ``auto``
+    uses it) stops at a residual of SUBSPACE_RESIDUAL * mu_1, and Davis-Kahan turns a residual r
+    into an eigenvector error <= r / gap: that is the accuracy it promises. In float32 that is
+    looser than the 1e-5 the dense solver meets (measured: alpha errors up to ~8e-5 against the
+    float64 oracle on clusters of 33-64 points, where auto switches to subspace).
+    """
+    if solver == "dense":
+        return TOL[dtype]
+    mu = np.linalg.eigvalsh(_centred_gram(X64, g))[::-1]
+    mu = np.concatenate([mu, np.zeros(d + 1)])
+    gap = (mu[:d] - mu[1:d + 1]).min()
+    return max(TOL[dtype], 2.0 * SUBSPACE_RESIDUAL[dtype] * mu[0] / gap)
+
+
+def check_cluster(fit, X, j, g, d, solver, Z=None):
+    """Every per-cluster property of ``fit`` for cluster j against the sklearn oracle."""
+    off = fit.offsets.tolist()
+    Xj = X[off[j]:off[j + 1]]
+    n = Xj.shape[0]
+    X64 = _np(Xj)
+    tol = TOL[X.dtype]
+    vtol = vector_tol(X64, g, d, X.dtype, solver)
+    kp, lam, scaled = sklearn_fit(X64, d, g)
+    assert_close_rel(fit.eigenvalues[j], lam, tol, f"cluster {j} eigenvalues")
+    assert_close_rel(fit.variances[j], lam / n, tol, f"cluster {j} variances")
+    a = _np(fit.alphas[off[j]:off[j + 1]])
+    s = match_signs(a, scaled)
+    assert_close_rel(a * s, scaled, vtol, f"cluster {j} alphas (up to sign)")
+    # sum_a alpha_ai = 0: the components live in the centred feature space
+    colsum, colabs = a.sum(0), np.abs(a).sum(0)
+    assert (np.abs(colsum) <= vtol * np.maximum(colabs, 1e-300)).all(), f"alpha sums {colsum}"
+    # unit-norm, mutually orthogonal feature-space components: alpha^T Kc alpha = I (kept ones)
+    keep = lam > 0
+    gram = a.T @ _centred_gram(X64, g) @ a
+    assert_close_rel(gram[np.ix_(keep, keep)], np.eye(int(keep.sum())), 2 * vtol,
+                     f"cluster {j} alpha^T Kc alpha")
+    # null components have zero alphas
+    assert (a[:, ~keep] == 0).all()
+    # sign convention: each component's largest-|.| coefficient is positive
+    for i in np.flatnonzero(keep):
+        assert a[np.argmax(np.abs(a[:, i])), i] > 0, f"cluster {j} component {i} sign"
+    # centred scores == sklearn transform. Training points: scores sqrt(mu) u, no cancellation.
+    scores = gk.kpca_transform(Xj, X, fit, gamma=g, segment=j)
+    assert scores.dtype == X.dtype and scores.shape == (n, d)
+    assert_close_rel(_np(scores) * s, kp.transform(X64), vtol, f"cluster {j} transform of X_j")
+    if Z is not None:
+        # Fresh points: p(z) = (k(z, X) - colmean K) alpha cancels, so the bound is alphas' own
+        # accuracy (tol) carried through that map: |dp| <= |k(Z, X) - 1 m^T| |alpha| tol.
+        out = _np(gk.kpca_transform(Z, X, fit, gamma=g, segment=j)) * s
+        assert_transform_close(out, kp.transform(_np(Z)), _np(Z), X64, scaled, g, vtol,
+                               f"cluster {j} transform of fresh points")
+    return kp, s
+
+
+def assert_transform_close(out, ref, Z64, X64, scaled, g, tol, name):
+    M = rbf_kernel(Z64, X64, gamma=g) - rbf_kernel(X64, gamma=g).mean(0)
+    bound = tol * np.linalg.norm(M) * np.linalg.norm(scaled)
+    err = np.linalg.norm(out - ref)
+    assert err <= bound, f"{name}: |out - ref| = {err:.3e} > {bound:.3e} (|ref| = " \
+                         f"{np.linalg.norm(ref):.3e})"
+
+
+@pytest.mark.parametrize("backend", backends_for("kpca_dense", "kpca_subspace"), indirect=True)
+@settings(max_examples=15)
+@given(d=st.integers(1, 3),
+       sizes=st.lists(st.sampled_from((4, 7, 33, 257)), min_size=1, max_size=5),
+       D=st.sampled_from((1, 3, 10)), solver=st.sampled_from(SOLVERS),
+       dtype=st.sampled_from(FLOATS), seed=seeds)
+def test_kpca_ragged_batch_matches_sklearn(d, sizes, D, solver, dtype, seed, backend):
+    gen = torch.Generator().manual_seed(seed)
+    g = 0.25
+    X = torch.cat([separated_cluster(n, D, d, g, gen, dtype) for n in sizes])
+    off = offsets_from_sizes(sizes)
+    fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
+    m, N = len(sizes), X.shape[0]
+    assert fit.eigenvalues.shape == (m, d) and fit.variances.shape == (m, d)
+    assert fit.alphas.shape == (N, d) and fit.mean_projection.shape == (m, d)
+    assert fit.alphas.dtype == dtype and torch.equal(fit.offsets, off)
+    assert bool((fit.eigenvalues[:, :-1] >= fit.eigenvalues[:, 1:]).all()), "not descending"
+    far = (2.0 * torch.randn(3, D, generator=gen, dtype=torch.float64)).to(dtype)
+    for j in range(m):
+        Xj = X[off[j]:off[j + 1]]
+        near = Xj[:3] + (0.5 * torch.randn(min(3, len(Xj)), D, generator=gen,
+                                           dtype=torch.float64)).to(dtype)
+        check_cluster(fit, X, j, g, d, solver, Z=torch.cat([near, far]))
+
+
+@pytest.mark.parametrize("backend", backends_for("kpca_dense", "kpca_subspace",
+                                                  "project_onto_basis"), indirect=True)
+@settings(max_examples=15)
+@given(d=st.integers(1, 3),
+       sizes=st.lists(st.sampled_from((4, 7, 33, 257)), min_size=1, max_size=4),
+       S=st.sampled_from((1, 7, 33)), D=st.sampled_from((1, 3, 10)),
+       solver=st.sampled_from(SOLVERS), dtype=st.sampled_from(FLOATS), seed=seeds)
+def test_project_onto_basis_matches_numpy_and_sklearn(d, sizes, S, D, solver, dtype, seed,
+                                                      backend):
+    gen = torch.Generator().manual_seed(seed)
+    g = 0.25
+    X = torch.cat([separated_cluster(n, D, d, g, gen, dtype) for n in sizes])
+    off = offsets_from_sizes(sizes)
+    B = (2.0 * torch.randn(S, D, generator=gen, dtype=torch.float64)).to(dtype)
+    fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
+    betas = gk.project_onto_basis(X, fit, B, gamma=g)
+    assert betas.shape == (len(sizes), d, S) and betas.dtype == dtype
+    B64 = _np(B)
+    for j in range(len(sizes)):
+        Xj = _np(X[off[j]:off[j + 1]])
+        a = _np(fit.alphas[off[j]:off[j + 1]])
+        # (1) the definition, with the fit's own alphas, in float64 numpy
+        kxb = rbf_kernel(Xj, B64, gamma=g)
+        ref = a.T @ kxb
+        # beta sums alphas of mixed sign: the roundoff bound is the sum of magnitudes
+        scale = np.abs(a).T @ kxb
+        err = np.abs(_np(betas[j]) - ref)
+        assert (err <= TOL[dtype] * np.maximum(scale, 1e-300)).all(), (
+            f"cluster {j}: betas off by {err.max():.3e} (|alpha| k scale {scale.max():.3e})")
+        # (2) betas are inner products <v_i, Phi(b_s)>: sklearn's centred transform of the basis
+        # points is <v_i, Phi(b_s) - mean Phi> = beta - mean_projection, exactly (sum alpha = 0).
+        kp, lam, scaled = sklearn_fit(Xj, d, g)
+        s = match_signs(a, scaled)
+        centred = (_np(betas[j]) - _np(fit.mean_projection[j])[:, None]).T * s
+        assert_transform_close(centred, kp.transform(B64), B64, Xj, scaled, g,
+                               vector_tol(Xj, g, d, dtype, solver),
+                               f"cluster {j} beta - mean_projection")
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_kpca_deterministic_and_permutation_invariant(solver, gen):
+    d, D, g = 3, 5, 0.25
+    sizes = [7, 257, 33, 7, 120, 4]
+    clusters = [separated_cluster(n, D, d, g, gen, torch.float64) for n in sizes]
+    X, off = torch.cat(clusters), offsets_from_sizes(sizes)
+    f1 = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
+    f2 = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
+    for name in ("eigenvalues", "variances", "alphas", "mean_projection"):
+        assert torch.equal(getattr(f1, name), getattr(f2, name)), f"{name} differs between calls"
+    perm = [4, 0, 5, 2, 1, 3]
+    Xp = torch.cat([clusters[p] for p in perm])
+    offp = offsets_from_sizes([sizes[p] for p in perm])
+    fp = gk.kpca(Xp, offp, n_components=d, gamma=g, solver=solver)
+    for new, old in enumerate(perm):
+        assert_close_rel(fp.eigenvalues[new], f1.eigenvalues[old], 1e-12)
+        assert_close_rel(fp.mean_projection[new], f1.mean_projection[old], 1e-12)
+        # same signs too: the sign convention does not depend on batch position
+        assert_close_rel(fp.alphas[offp[new]:offp[new + 1]], f1.alphas[off[old]:off[old + 1]],
+                         1e-12)
+
+
+def test_zero_padding_keeps_top_eigenpairs(gen):
+    """diag(Kc, 0) has Kc's positive eigenpairs, eigenvectors padded with zeros."""
+    n, pad, d, g = 33, 40, 3, 0.25
+    X = separated_cluster(n, 5, d, g, gen, torch.float64)
+    Kc = torch.from_numpy(_centred_gram(_np(X), g))
+    Kp = torch.zeros(n + pad, n + pad, dtype=torch.float64)
+    Kp[:n, :n] = Kc
+    w, V = torch.linalg.eigh(Kc)
+    wp, Vp = torch.linalg.eigh(Kp)
+    w, V, wp, Vp = w.flip(0)[:d], V.flip(1)[:, :d], wp.flip(0)[:d], Vp.flip(1)[:, :d]
+    assert_close_rel(wp, w, 1e-12, "padded eigenvalues")
+    assert float(Vp[n:].abs().max()) <= 1e-12, "padding rows of top eigenvectors are not 0"
+    s = match_signs(Vp[:n], V)
+    assert_close_rel(_np(Vp[:n]) * s, V, 1e-10, "padded eigenvectors")
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kpca_batch_of_very_different_sizes_equals_each_alone(dtype, solver, gen):
+    d, D, g = 2, 4, 0.25
+    sizes = [257, 3, 130, 9, 64, 33, 4]
+    clusters = [separated_cluster(n, D, d, g, gen, dtype) for n in sizes]
+    X, off = torch.cat(clusters), offsets_from_sizes(sizes)
+    fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
+    for j, Xj in enumerate(clusters):
+        alone = gk.kpca(Xj, offsets_from_sizes([sizes[j]]), n_components=d, gamma=g,
+                        solver=solver)
+        # both are within vector_tol of the exact answer, so within twice that of each other
+        vtol = 2 * vector_tol(_np(Xj), g, d, dtype, solver)
+        assert_close_rel(fit.eigenvalues[j], alone.eigenvalues[0], TOL[dtype])
+        assert_close_rel(fit.alphas[off[j]:off[j + 1]], alone.alphas, vtol)
+        assert_close_rel(fit.mean_projection[j], alone.mean_projection[0], vtol)
+        check_cluster(fit, X, j, g, d, solver)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kpca_on_device(device, gen):
+    d, g, sizes = 2, 0.2, [7, 33]
+    X = torch.cat([separated_cluster(n, 3, d, g, gen, torch.float64) for n in sizes])
+    off = offsets_from_sizes(sizes)
+    fit = gk.kpca(X.to(device), off.to(device), n_components=d, gamma=g)
+    assert fit.alphas.device.type == device and fit.eigenvalues.device.type == device
+    cpu = gk.kpca(X, off, n_components=d, gamma=g)
+    assert_close_rel(fit.alphas, cpu.alphas, TOL[torch.float64])
+    B = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    betas = gk.project_onto_basis(X.to(device), fit, B.to(device), gamma=g)
+    assert betas.device.type == device
+    assert_close_rel(betas, gk.project_onto_basis(X, cpu, B, gamma=g), TOL[torch.float64])
+
+
+# ----- degenerate clusters: no NaN, and still what sklearn says ---------------------------------
+
+def _no_nan(fit):
+    for name in ("eigenvalues", "variances", "alphas", "mean_projection"):
+        t = getattr(fit, name)
+        assert bool(torch.isfinite(t).all()), f"{name} has NaN/Inf"
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("D,scale", [(10, 3.0), (3, 0.5), (64, 1.0)])
+def test_kpca_identical_points(dtype, D, scale, solver, gen):
+    """A cluster of identical points has zero feature-space variance: no component at all."""
+    n, d, g = 40, 3, 1.0 / D
+    x = (scale * torch.randn(1, D, generator=gen, dtype=torch.float64) + 5.0).to(dtype)
+    other = separated_cluster(7, D, d, g, gen, dtype)
+    X = torch.cat([x.repeat(n, 1), other])
+    fit = gk.kpca(X, offsets_from_sizes([n, 7]), n_components=d, gamma=g, solver=solver)
+    _no_nan(fit)
+    # sklearn agrees up to its own roundoff (it Grams the uncentred points: ~eps |x|^2 noise)
+    kp, lam, scaled = sklearn_fit(_np(X[:n]), d, g)
+    assert (np.abs(lam) <= 1e-12 * n).all()
+    # exactly: every point is the mean, so there is no component, and every score is 0
+    assert torch.equal(fit.eigenvalues[0], torch.zeros(d, dtype=dtype))
+    assert torch.equal(fit.variances[0], torch.zeros(d, dtype=dtype))
+    assert torch.equal(fit.alphas[:n], torch.zeros(n, d, dtype=dtype))
+    assert torch.equal(fit.mean_projection[0], torch.zeros(d, dtype=dtype))
+    Z = torch.cat([X[:n], torch.randn(4, D, generator=gen, dtype=torch.float64).to(dtype)])
+    scores = gk.kpca_transform(Z, X, fit, gamma=g, segment=0)
+    assert torch.equal(scores, torch.zeros(n + 4, d, dtype=dtype))
+    B = torch.randn(5, D, generator=gen, dtype=torch.float64).to(dtype)
+    assert torch.equal(gk.project_onto_basis(X, fit, B, gamma=g)[0], torch.zeros(d, 5, dtype=dtype))
+    # the other cluster of the batch is unaffected
+    check_cluster(fit, X, 1, g, d, solver)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kpca_many_duplicates_rank_deficient(dtype, solver, gen):
+    """3 distinct points repeated 11 times: Kc has rank 2, so component 3 and 4 are null."""
+    D, d, g = 10, 4, 0.05
+    P = (torch.randn(3, D, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 2.0, 3.0],
+         dtype=torch.float64).unsqueeze(1)).to(dtype)
+    X = P.repeat_interleave(11, 0)[torch.randperm(33, generator=gen)]
+    fit = gk.kpca(X, offsets_from_sizes([33]), n_components=d, gamma=g, solver=solver)
+    _no_nan(fit)
+    kp, lam, scaled = sklearn_fit(_np(X), d, g)
+    assert_close_rel(fit.eigenvalues[0], lam, TOL[dtype], "eigenvalues")
+    assert (lam[2:] == 0).all() and torch.equal(fit.eigenvalues[0, 2:], torch.zeros(2, dtype=dtype))
+    assert torch.equal(fit.alphas[:, 2:], torch.zeros(33, 2, dtype=dtype))
+    if _gap_ok(X, g, 2):  # the two real components are separated: compare them fully
+        check_cluster(gk.kpca(X, offsets_from_sizes([33]), n_components=2, gamma=g,
+                              solver=solver), X, 0, g, 2, solver)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kpca_points_on_a_line(dtype, solver, gen):
+    """Collinear points in D=10 (n > rank of the data): the RBF spectrum decays fast."""
+    n, D, d, g = 40, 10, 3, 0.5
+    u = torch.randn(D, generator=gen, dtype=torch.float64)
+    t = torch.rand(n, 1, generator=gen, dtype=torch.float64) * 2.0
+    X = (t * u / u.norm() + torch.randn(D, generator=gen, dtype=torch.float64)).to(dtype)
+    fit = gk.kpca(X, offsets_from_sizes([n]), n_components=d, gamma=g, solver=solver)
+    _no_nan(fit)
+    kp, lam, _ = sklearn_fit(_np(X), d, g)
+    assert_close_rel(fit.eigenvalues[0], lam, TOL[dtype], "eigenvalues")
+    if _gap_ok(X, g, d):
+        check_cluster(fit, X, 0, g, d, solver)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kpca_n_components_equal_to_cluster_size(dtype, gen):
+    """n = d: the last centred-Gram eigenvalue is 0 (Kc 1 = 0), so that component is null;
+    a 1-point cluster has no component at all."""
+    D, g = 3, 0.2
+    X = torch.cat([separated_cluster(3, D, 2, g, gen, dtype),
+                   torch.randn(1, D, generator=gen, dtype=torch.float64).to(dtype),
+                   separated_cluster(7, D, 2, g, gen, dtype)])
+    fit = gk.kpca(X, offsets_from_sizes([3, 1, 7]), n_components=1, gamma=g)
+    _no_nan(fit)
+    assert fit.eigenvalues[1, 0] == 0 and bool((fit.alphas[3:4] == 0).all())
+    fit3 = gk.kpca(X[:3], offsets_from_sizes([3]), n_components=3, gamma=g)
+    _no_nan(fit3)
+    kp, lam, scaled = sklearn_fit(_np(X[:3]), 3, g)
+    assert_close_rel(fit3.eigenvalues[0], lam, TOL[dtype])
+    assert fit3.eigenvalues[0, 2] == 0 and bool((fit3.alphas[:, 2] == 0).all())
+    s = match_signs(fit3.alphas, scaled)
+    assert_close_rel(_np(fit3.alphas) * s, scaled, TOL[dtype])
+
