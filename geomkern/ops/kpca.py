@@ -119,9 +119,12 @@ def eigenpairs_from_centred_grams(Kc: torch.Tensor, colmeans: list, sizes: list,
     mu, U = top(Kc, d)
     for t, n in enumerate(sizes):
         mu_j, U_j = mu[t], sign_fix(U[t, :n])
-        # numpy's matrix_rank tolerance: eigenvalues below it are roundoff, their directions
-        # undefined; such components get zero alphas instead of dividing by ~0.
-        tol = max(float(mu_j[0]), 0.0) * n * eps
+        # numpy's matrix_rank tolerance (n eps mu_1) plus the floor from forming Kc = HKH out of
+        # K's O(1) entries, each left with a few eps, so every eigenvalue carries up to ~4 n eps
+        # whatever mu_1 is (a tight cluster's null direction, the constant vector, came out with
+        # mu ~ 3e-7 in float32 and alphas ~1e3). Below it eigenvalues are roundoff and their
+        # directions undefined: such components get zero alphas instead of dividing by ~0.
+        tol = (max(float(mu_j[0]), 0.0) + 4.0) * n * eps
         keep = mu_j > tol
         mu_j = torch.where(keep, mu_j, torch.zeros_like(mu_j))
         a = U_j / torch.where(keep, mu_j, torch.ones_like(mu_j)).sqrt() * keep
