@@ -85,18 +85,33 @@ class GGEURAugmenter(Augmenter):
         return torch.cat(xs), torch.cat(ys)
 
 
+def fill_sources(y: torch.Tensor, n_classes: int, target: int) -> torch.Tensor:
+    """Rows to calibrate so every class the client holds reaches ``target`` samples: for class c
+    with n_c local samples, max(0, target - n_c) rows taken round-robin from c's samples in local
+    order (the same budget rule as ggeur.augment's target_per_class)."""
+    out = []
+    for c in range(n_classes):
+        rows = torch.nonzero(y == c).squeeze(1)
+        need = target - rows.numel()
+        if rows.numel() and need > 0:
+            out.append(rows[torch.arange(need, device=rows.device) % rows.numel()])
+    return torch.cat(out) if out else y.new_zeros(0)
+
+
 class FedMCAugmenter(Augmenter):
     """FedMC: DP prototypes -> GAB -> local geometry -> fused dictionary (once), then every round
-    ``n_per_sample`` calibrated samples per local sample, labelled like their source."""
+    fresh calibrated samples labelled like their source: by default the same budget as GGEUR
+    (fill each held class up to ``target_per_class``), or ``n_per_sample`` per local sample."""
 
     name = "fedmc"
     defaults = {"n_prototypes": 10, "n_base": 128, "n_clusters": 8, "n_components": 4, "n_entries": 32,
                 "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": 1.0,
-                "n_per_sample": 1, "scale": 1.0, "method": "coordinates", "formulation": "consistent",
-                "steps": None}
+                "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": "coordinates",
+                "formulation": "consistent", "steps": None}
 
     def setup(self, clients, *, n_classes, seed):
         p = self.p
+        self.n_classes = n_classes
         gens = [torch.Generator().manual_seed(seed * 1000 + k) for k in range(len(clients))]
         protos = [fedmc.client_prototypes(c.x.cpu(), min(p["n_prototypes"], c.x.shape[0]), epsilon=p["epsilon"],
                                           delta=p["delta"], clip_norm=p["clip_norm"], generator=g)
@@ -121,10 +136,15 @@ class FedMCAugmenter(Augmenter):
 
     def augment(self, cid, data, *, generator):
         p = self.p
-        dev = data.x.device
-        Z = fedmc.calibrate(data.x.cpu(), self.dictionary, self.B, formulation=p["formulation"], method=p["method"],
-                            scale=p["scale"], n_per_sample=p["n_per_sample"], steps=p["steps"], generator=generator)
-        return Z.to(dev), data.y.repeat_interleave(p["n_per_sample"])
+        if p["n_per_sample"] is not None:
+            rows = torch.arange(data.x.shape[0], device=data.x.device).repeat_interleave(p["n_per_sample"])
+        else:
+            rows = fill_sources(data.y, self.n_classes, p["target_per_class"])
+        if rows.numel() == 0:
+            return data.x[:0], data.y[:0]
+        Z = fedmc.calibrate(data.x[rows].cpu(), self.dictionary, self.B, formulation=p["formulation"],
+                            method=p["method"], scale=p["scale"], steps=p["steps"], generator=generator)
+        return Z.to(data.x.device), data.y[rows]
 
 
 AUGMENTERS = {"none": Augmenter, "ggeur": GGEURAugmenter, "fedmc": FedMCAugmenter}

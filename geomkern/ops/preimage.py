@@ -74,13 +74,15 @@ def fixed_point_reference(Z0, B, A, gamma: float, steps: int) -> torch.Tensor:
     return out
 
 
-def _coords_and_jacobian(z, B, A, gamma):
-    """P(z) = A k(z, B) (b, d) and its Jacobian J (b, d, D) = -2 gamma (P z^T - (A*k) B)."""
-    k = _kernel(z, B, gamma)
-    Ak = A * k.unsqueeze(1)  # (b, d, S)
-    P = Ak.sum(-1)
-    J = -2.0 * gamma * (P.unsqueeze(-1) * z.unsqueeze(1) - Ak @ B)
-    return P, J
+def _coords(z, B, A, gamma):
+    """P(z) = A k(z, B): (b, d)."""
+    return torch.bmm(A, _kernel(z, B, gamma).unsqueeze(-1)).squeeze(-1)
+
+
+def _jacobian(z, B, A, gamma):
+    """J (b, d, D) of P at z: -2 gamma (P z^T - (A*k) B)."""
+    Ak = A * _kernel(z, B, gamma).unsqueeze(1)  # (b, d, S)
+    return -2.0 * gamma * (Ak.sum(-1).unsqueeze(-1) * z.unsqueeze(1) - Ak @ B)
 
 
 def coordinates_reference(Z0, B, C, A, gamma: float, steps: int) -> torch.Tensor:
@@ -91,28 +93,27 @@ def coordinates_reference(Z0, B, C, A, gamma: float, steps: int) -> torch.Tensor
     for i in range(0, Z0.shape[0], _CHUNK):
         z, c = Z0[i:i + _CHUNK].clone(), C[i:i + _CHUNK]
         a = A[i:i + _CHUNK] if A.dim() == 3 else A.unsqueeze(0).expand(z.shape[0], -1, -1)
-        P, J = _coords_and_jacobian(z, B, a, gamma)
-        r = P - c
+        r = _coords(z, B, a, gamma) - c
         loss = (r * r).sum(1)
+        J = _jacobian(z, B, a, gamma)
         JJ = J @ J.transpose(1, 2)
         lam = 1e-3 * JJ.diagonal(dim1=1, dim2=2).mean(1).clamp_min(1e-30)
         for _ in range(steps):
             y = torch.linalg.solve(JJ + lam[:, None, None] * eye, r.unsqueeze(-1))
             delta = -(J.transpose(1, 2) @ y).squeeze(-1)
             norm = delta.norm(dim=1, keepdim=True)
-            delta = delta * (radius / norm.clamp_min(radius)).clamp(max=1.0)
-            z_new = z + delta
-            P_new, J_new = _coords_and_jacobian(z_new, B, a, gamma)
-            r_new = P_new - c
+            z_new = z + delta * (radius / norm.clamp_min(radius)).clamp(max=1.0)
+            r_new = _coords(z_new, B, a, gamma) - c
             loss_new = (r_new * r_new).sum(1)
             better = loss_new < loss
-            b1 = better[:, None]
-            z = torch.where(b1, z_new, z)
-            r = torch.where(b1, r_new, r)
-            J = torch.where(better[:, None, None], J_new, J)
-            JJ = J @ J.transpose(1, 2)
-            loss = torch.where(better, loss_new, loss)
             lam = torch.where(better, lam / 3.0, lam * 4.0)
+            idx = torch.nonzero(better).squeeze(1)
+            if idx.numel() == 0:
+                continue
+            # the Jacobian is only needed again where the step was accepted
+            z[idx], r[idx], loss[idx] = z_new[idx], r_new[idx], loss_new[idx]
+            J[idx] = _jacobian(z[idx], B, a[idx], gamma)
+            JJ[idx] = J[idx] @ J[idx].transpose(1, 2)
         out[i:i + _CHUNK] = z
     return out
 
