@@ -93,6 +93,63 @@ def _run(args) -> int:
     return 0
 
 
+def _embed(args) -> int:
+    import torch
+
+    from .embed import extract, load_source
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    domains = [d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None
+    source = load_source(args.dataset, args.root, seed=args.seed, test_fraction=args.test_fraction,
+                         domains=domains, download=args.download)
+    print(f"{source.name}: {len(source.train)} train / {len(source.test)} test {source.modality} items, "
+          f"{len(source.class_names)} classes"
+          + (f", domains {source.domain_names}" if source.domain_names else "") + f"; split: {source.split_rule}")
+    if (source.modality == "text") != (args.encoder == "minilm"):
+        raise ValueError(f"{source.name} holds {source.modality} items: use --encoder "
+                         f"{'minilm' if source.modality == 'text' else 'open_clip'}")
+    try:
+        if args.encoder == "minilm":
+            from .embed.encoders import MiniLMEncoder
+
+            device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+            encoder = MiniLMEncoder(device=device)
+        else:
+            from .embed.encoders import OpenCLIPEncoder
+
+            encoder = OpenCLIPEncoder(args.model, args.pretrained, device=args.device)
+        text_encoder = None
+        if args.text_model == "clip":
+            if args.encoder != "open_clip":
+                raise ValueError("--text-model clip is the text tower of the open_clip model: use it with "
+                                 "--encoder open_clip (or --text-model minilm)")
+            text_encoder = encoder.text_encoder()
+        elif args.text_model == "minilm":
+            from .embed.encoders import MiniLMEncoder
+
+            text_encoder = encoder if args.encoder == "minilm" else MiniLMEncoder()
+    except ImportError as exc:
+        print(f"fedsim: error: {exc}", file=sys.stderr)
+        return 2
+    prompts = args.prompt or (["a photo of a {}."] if args.text_model == "clip" else ["{}"])
+    print(f"encoder {encoder.name} ({encoder.dim}-d)"
+          + (f", class text: {text_encoder.name} with {prompts}" if text_encoder else ""))
+    try:
+        ds = extract(source, encoder, args.out, cache_dir=args.cache_dir, use_cache=not args.no_cache,
+                     normalize=not args.no_normalize, dtype=args.dtype, batch_size=args.batch_size,
+                     chunk_size=args.chunk_size, num_workers=args.workers, text_encoder=text_encoder,
+                     prompts=prompts, progress=not args.quiet, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the finished chunks are kept in {args.out}.work; run the same command again "
+              "to continue", file=sys.stderr)
+        return 130
+    print(f"{ds.summary()}; normalised={ds.meta['normalised']}"
+          + (f", class_text {tuple(ds.class_text.shape)}" if ds.class_text is not None else ""))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsim", description="federated simulator for feature calibration "
                                 "(FedMC, GGEUR) on frozen embeddings")
@@ -134,6 +191,41 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     d.add_argument("--out", default="", help="also write the rows as JSON to this file")
     d.set_defaults(func=_demo)
+    e = sub.add_parser("embed", help="extract frozen embeddings of an image (open_clip) or text (MiniLM) "
+                                     "dataset into a dataset file for `fedsim run`")
+    e.add_argument("--dataset", required=True, help="cifar10 | cifar100 | tiny-imagenet | office-home | office-31 "
+                   "| domainnet | pacs | digits | imagefolder | textfolder (layouts: fedsim/embed/datasets.py)")
+    e.add_argument("--root", required=True, help="the dataset folder")
+    e.add_argument("--out", required=True, help="output .npz or .safetensors file")
+    e.add_argument("--encoder", choices=("open_clip", "minilm"), default="open_clip",
+                   help="open_clip (images; default) or minilm (text items, all-MiniLM-L6-v2)")
+    e.add_argument("--model", default="ViT-B-16", help="open_clip model name (default ViT-B-16)")
+    e.add_argument("--pretrained", default="openai", help="open_clip pretrained tag of the model (default openai; "
+                   "e.g. laion2b_s34b_b88k), a local checkpoint file, or none (random weights)")
+    e.add_argument("--text-model", dest="text_model", choices=("clip", "minilm"),
+                   help="also store class-name text embeddings (class_text): clip = the open_clip model's "
+                        "text tower (a zero-shot head), minilm = all-MiniLM-L6-v2")
+    e.add_argument("--prompt", action="append", help="class-name template, repeatable (ensembled); default "
+                   "'a photo of a {}.' for clip, '{}' for minilm")
+    e.add_argument("--no-normalize", dest="no_normalize", action="store_true",
+                   help="store raw embeddings (default: L2-normalised rows; recorded in meta['normalised'])")
+    e.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="storage dtype")
+    e.add_argument("--cache-dir", dest="cache_dir", help="embedding cache (default $FEDSIM_CACHE or ~/.cache/fedsim)")
+    e.add_argument("--no-cache", dest="no_cache", action="store_true", help="neither read nor write the cache")
+    e.add_argument("--batch-size", dest="batch_size", type=int, default=256, help="encoder batch (default 256)")
+    e.add_argument("--chunk-size", dest="chunk_size", type=int,
+                   help="rows per resumable chunk, a multiple of --batch-size (default 16 batches)")
+    e.add_argument("--workers", type=int, help="DataLoader worker processes (default min(8, CPUs))")
+    e.add_argument("--device", default="auto", help="auto | cpu | cuda[:i] (AMP float16 on CUDA)")
+    e.add_argument("--test-fraction", dest="test_fraction", type=float, default=0.2,
+                   help="test share of the seeded split (datasets without their own split; default 0.2)")
+    e.add_argument("--seed", type=int, default=0, help="seed of that split (default 0)")
+    e.add_argument("--domains", help="comma list: only these domain folders (folder datasets)")
+    e.add_argument("--download", action="store_true", help="cifar10/cifar100: download through torchvision")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    e.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    e.add_argument("--quiet", action="store_true", help="no progress bars")
+    e.set_defaults(func=_embed)
     return p
 
 

@@ -2,8 +2,9 @@
 
 On disk: ``.npz`` (numpy, loaded with allow_pickle=False) or ``.safetensors`` (metadata as JSON),
 with keys x_train (n, D) float, y_train (n,) int, x_test, y_test, optional d_train/d_test domain
-ids, and metadata: class_names, domain_names (or empty), and a free-form ``meta`` dict
-(provenance, encoder, whether embeddings are L2-normalised).
+ids, optional class_text (C, D_text) float (class-name text embeddings, e.g. a CLIP zero-shot
+head; ``meta["class_text"]`` says how they were made), and metadata: class_names, domain_names (or
+empty), and a free-form ``meta`` dict (provenance, encoder, whether embeddings are L2-normalised).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Dataset:
     d_test: torch.Tensor | None = None
     domain_names: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    class_text: torch.Tensor | None = None
 
     @property
     def n_classes(self) -> int:
@@ -73,6 +75,11 @@ class Dataset:
                              f"({self.x_train.shape[1]} vs {self.x_test.shape[1]})")
         if (self.d_train is None) != (self.d_test is None):
             raise ValueError(f"{where}: domain ids must be given for both splits or neither")
+        ct = self.class_text
+        if ct is not None and (not isinstance(ct, torch.Tensor) or ct.dim() != 2 or not ct.dtype.is_floating_point
+                               or ct.shape[0] != len(self.class_names) or not bool(torch.isfinite(ct).all())):
+            raise ValueError(f"{where}: class_text must be a finite 2-D float tensor with one row per class "
+                             f"({len(self.class_names)})")
 
     def summary(self) -> str:
         dom = f", {self.n_domains} domains" if self.n_domains else ""
@@ -80,7 +87,8 @@ class Dataset:
                 f"D={self.dim}, {self.n_classes} classes{dom}")
 
 
-_ARRAYS = ("x_train", "y_train", "x_test", "y_test", "d_train", "d_test")
+_ARRAYS = ("x_train", "y_train", "x_test", "y_test", "d_train", "d_test", "class_text")
+_FLOAT_ARRAYS = ("x_train", "x_test", "class_text")
 
 
 def save_dataset(ds: Dataset, path) -> Path:
@@ -147,7 +155,7 @@ def load_dataset(source) -> Dataset:
         raise ValueError(f"{bad}: missing arrays {missing}")
     for k, a in arrays.items():
         # Check kinds before the casts below, which would turn float labels into silent integers.
-        want = "f" if k.startswith("x_") else "iu"
+        want = "f" if k in _FLOAT_ARRAYS else "iu"
         if a.dtype.kind not in want:
             raise ValueError(f"{bad}: {k} has dtype {a.dtype}, expected "
                              f"{'floating point' if want == 'f' else 'integer'}")
@@ -165,6 +173,7 @@ def load_dataset(source) -> Dataset:
                        y_train=t("y_train", torch.int64), x_test=t("x_test"),
                        y_test=t("y_test", torch.int64), class_names=list(header["class_names"]),
                        d_train=t("d_train", torch.int64), d_test=t("d_test", torch.int64),
-                       domain_names=list(header.get("domain_names", [])), meta=dict(header.get("meta", {})))
+                       domain_names=list(header.get("domain_names", [])), meta=dict(header.get("meta", {})),
+                       class_text=t("class_text"))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
