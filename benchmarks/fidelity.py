@@ -130,7 +130,8 @@ def local_pca_samples(clients, target, seed, n_clusters, d):
 
 
 def fedmc_setup(clients, *, n_clusters, d, n_base, n_entries, gamma, seed):
-    protos = [fedmc.client_prototypes(torch.from_numpy(C), max(n_clusters, 4), epsilon=math.inf,
+    k = -(-2 * n_base // len(clients))  # enough prototypes for the server's K-Means into n_base
+    protos = [fedmc.client_prototypes(torch.from_numpy(C), k, epsilon=math.inf,
                                       delta=1e-5, clip_norm=1e9, generator=torch.Generator().manual_seed(seed + i))
               for i, C in enumerate(clients)]
     B = fedmc.build_gab(protos, n_base, seed=seed)

@@ -106,7 +106,7 @@ class FedMCAugmenter(Augmenter):
     name = "fedmc"
     defaults = {"n_prototypes": 10, "n_base": 128, "n_clusters": 8, "n_components": 4, "n_entries": 32,
                 "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": 1.0,
-                "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": "coordinates",
+                "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
                 "formulation": "consistent", "steps": None}
 
     def setup(self, clients, *, n_classes, seed):

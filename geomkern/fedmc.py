@@ -39,6 +39,9 @@ from .ops.rbf import _sqdist, median_gamma, rbf_gram
 
 FORMULATIONS = ("consistent", "paper")
 PREIMAGE_METHODS = ("coordinates", "gd", "fixed_point")
+# Chosen by benchmarks/fidelity.py (README: manifold fidelity): the pre-image method whose samples
+# stayed closest to the manifold at matched displacement.
+DEFAULT_METHOD = "fixed_point"
 FORMAT_VERSION = 1
 
 
@@ -200,7 +203,7 @@ class GeometryDictionary:
 
 
 def fuse(lgds: Sequence[LocalGeometry], *, n_entries: int, seed: int = 0) -> GeometryDictionary:
-    """Server: meta-cluster all uploaded patch centres into ``n_entries`` regions and fuse each
+    """Server: meta-cluster all uploaded patch centres into (at most) ``n_entries`` regions and fuse each
     region's patches by paper Eq. 7: per component i, a weighted mean with weights n_j * lambda_j,i
     of the variances, eigenvalues and betas.
 
@@ -229,7 +232,10 @@ def fuse(lgds: Sequence[LocalGeometry], *, n_entries: int, seed: int = 0) -> Geo
     lam = torch.cat([l.variances for l in lgds])
     betas = torch.cat([l.betas for l in lgds])
     region, _ = kmeans(centers, L, seed=seed)
-    return _fuse_regions(centers, counts, mu, lam, betas, region, L, lgds[0].gamma)
+    # a region K-Means left empty has nothing to fuse: compact the ids (the dictionary may hold
+    # fewer than n_entries entries)
+    used, region = torch.unique(region, return_inverse=True)
+    return _fuse_regions(centers, counts, mu, lam, betas, region, used.numel(), lgds[0].gamma)
 
 
 def _fuse_regions(centers, counts, mu, lam, betas, region, L: int, gamma: float) -> GeometryDictionary:
@@ -268,7 +274,7 @@ def nearest_entry(X: torch.Tensor, dictionary: GeometryDictionary) -> torch.Tens
 
 def calibrate(X: torch.Tensor, dictionary: GeometryDictionary, B: torch.Tensor, *,
               gamma: float | None = None, formulation: str = "consistent",
-              method: str = "coordinates", scale: float = 1.0, n_per_sample: int = 1,
+              method: str = DEFAULT_METHOD, scale: float = 1.0, n_per_sample: int = 1,
               steps: int | None = None, ridge: float = 1e-3,
               generator: torch.Generator | None = None, return_loss: bool = False):
     """Client: calibrated samples around each row of X (b, D), ``n_per_sample`` each.
@@ -283,6 +289,7 @@ def calibrate(X: torch.Tensor, dictionary: GeometryDictionary, B: torch.Tensor, 
     "fixed_point" use targets T = k(x, B) + dp betas_l.
     formulation="paper": lambda = Gram eigenvalue mu, targets T = k(x, B) + dp betas_l G (betas
     as expansion coefficients, Eq. 10-13), solved by "gd" (Eq. 14) or "fixed_point".
+    method defaults to DEFAULT_METHOD, the one that measured best in benchmarks/fidelity.py.
     ``scale`` multiplies the perturbation standard deviation. ``ridge`` is rho relative to G's
     unit diagonal. Returns (b * n_per_sample, D) rows in the order of X repeated, and the
     per-sample pre-image loss when ``return_loss``.
