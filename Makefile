@@ -1,8 +1,11 @@
-# The two commands of the README. Each one sets everything up first (scripts/bootstrap.sh).
-.PHONY: demo test bench setup
+# The README's commands. Each one sets everything up first (scripts/bootstrap.sh, idempotent).
+.PHONY: run demo test bench setup
 
 setup:
 	bash scripts/bootstrap.sh
+
+run: setup
+	.venv/bin/fedsim run
 
 demo: setup
 	.venv/bin/fedsim demo
@@ -12,3 +15,4 @@ test: setup
 
 bench: setup
 	.venv/bin/python -m pytest benchmarks/ --benchmark-only -q
+	.venv/bin/python benchmarks/fidelity.py --size full --out benchmarks/results/fidelity-cpu.json

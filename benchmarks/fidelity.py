@@ -237,6 +237,9 @@ def main(argv=None) -> int:
     rows = run(a.size, seed=a.seed, gamma=gamma, displacement=a.displacement)
     print(format_rows(rows))
     if a.out:
+        from pathlib import Path
+
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=2)
     return 0
