@@ -1,4 +1,5 @@
-"""Builds geomkern._C from csrc/ (C++ with OpenMP on CPU) through torch.utils.cpp_extension.
+"""Builds geomkern._C from csrc/ (C++ with OpenMP on CPU) through torch.utils.cpp_extension, and
+geomkern._C_cuda from csrc/cuda/ when torch is a CUDA build and a CUDA toolkit is installed.
 
 torch must already be installed: build with `pip install --no-build-isolation .` so pip does not
 put a fresh (CUDA, multi-GB) torch into an isolated build environment.
@@ -26,6 +27,33 @@ def cxx_flags():
     return flags
 
 
+def cuda_extensions():
+    """geomkern._C_cuda (csrc/cuda/*.cu + csrc/cuda_bindings/) when torch is a CUDA build and a CUDA
+    toolkit is found (CUDA_HOME, or nvcc on PATH); no GPU is needed to build it. GEOMKERN_NO_CUDA=1
+    skips it (e.g. a toolkit whose major version differs from torch's, which torch refuses)."""
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, CUDAExtension
+
+    if os.environ.get("GEOMKERN_NO_CUDA", "0") == "1":
+        print("geomkern: CUDA kernels not built (GEOMKERN_NO_CUDA=1)", file=sys.stderr)
+        return []
+    if torch.version.cuda is None:
+        print("geomkern: CUDA kernels not built (CPU-only torch)", file=sys.stderr)
+        return []
+    if CUDA_HOME is None:
+        print("geomkern: CUDA kernels not built (no CUDA toolkit: set CUDA_HOME or put nvcc on PATH)",
+              file=sys.stderr)
+        return []
+    return [
+        CUDAExtension(
+            "geomkern._C_cuda",
+            sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda_bindings/*.cpp")),
+            include_dirs=[os.path.abspath("csrc/cuda")],
+            extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
+        )
+    ]
+
+
 sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
 setup(
     ext_modules=[
@@ -36,6 +64,6 @@ setup(
             extra_compile_args={"cxx": cxx_flags()},
             extra_link_args=["-fopenmp"],
         )
-    ],
+    ] + cuda_extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -1,4 +1,5 @@
-"""Loader for the compiled extension ``geomkern._C`` (csrc/): CPU C++/OpenMP kernels.
+"""Loader for the compiled extension ``geomkern._C`` (csrc/): CPU C++/OpenMP kernels, plus
+``geomkern._C_cuda`` (csrc/cuda/, see cuda.py) where it was built.
 
 Importing this module registers the native implementations with the dispatcher when the
 extension is built; when it is not, ``is_available()`` is False and ``load_error()`` says why.
@@ -26,8 +27,11 @@ def load_error() -> str:
 
 
 def supports_device(device_type: str) -> bool:
-    return _C is not None and device_type in _C.devices()
+    if _C is None:
+        return False
+    return device_type in _C.devices() or (device_type == "cuda" and cuda.is_available())
 
 
 if _C is not None:
     from . import ops  # noqa: F401  (registers implementations)
+    from . import cuda  # (after ops: wraps its registrations with the CUDA kernels of _C_cuda, if built)

@@ -1,0 +1,268 @@
+"""The CUDA C++ kernels (geomkern._C_cuda, csrc/cuda/) against float64 oracles on a GPU, and their
+registration with the dispatcher.
+
+GPU tests (marked ``gpu``; skipped without a CUDA device, or when _C_cuda was not built):
+  * Jacobi eigh vs scipy's float64 eigh of the same (float32-rounded) matrices: 500 random
+    symmetric 100 x 100, 64 of 512 x 512 (global-workspace path), odd sizes 1, 7, 33, 257, centred
+    RBF Grams; eigenvalues, reconstruction, orthogonality, eigenvectors up to sign
+    (tests/_eigh_oracle.py), through the public gk.eigh as well;
+  * the fused pre-image loop vs gd_reference in float64 on the same inputs, through gk.preimage.
+The same kernels run under host emulation in tests/test_cuda_emulated.py (no GPU needed).
+
+CPU tests: the device-dispatching wrappers geomkern/backends/native/cuda.py registers when
+_C_cuda exists, exercised with a stand-in for _C_cuda, so the CPU native registration they wrap
+is checked to survive unchanged on every machine.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from _eigh_oracle import check_eigh
+
+import geomkern as gk
+from geomkern import _dispatch
+from geomkern.backends.native import cuda as native_cuda
+from geomkern.ops.moments import eigh_reference
+from geomkern.ops.preimage import default_gd_lr, gd_reference
+
+CUDA = torch.cuda.is_available()
+# on a GPU machine where setup.py did not build the extension, say why instead of failing
+needs_ext = pytest.mark.skipif(CUDA and not native_cuda.is_available(),
+                               reason=f"geomkern._C_cuda is not built: {native_cuda.load_error()}")
+# Same bounds as the emulated tests (tests/test_cuda_emulated.py): the solver computes in double,
+# so float32 results are limited by their final rounding (emulation: <= 1e-7).
+EIGH_TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
+PREIMAGE_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _random_symmetric(batch, n, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    X = torch.randn(batch, n, n, generator=g, device="cuda", dtype=torch.float64)
+    return ((X + X.transpose(1, 2)) / 2).to(dtype).contiguous()
+
+
+def _solve(A):
+    w, V, info = native_cuda._C_cuda.jacobi_eigh(A, native_cuda.jacobi_tol(A.dtype, A.shape[-1]),
+                                                 native_cuda.MAX_SWEEPS)
+    assert w.is_cuda and V.is_cuda and w.dtype == A.dtype and V.dtype == A.dtype
+    assert bool((info >= 0).all()), f"not converged: {info[info < 0].numel()} matrices"
+    return w, V, info
+
+
+# ------------------------------------------------------------------------------------ GPU: eigh
+
+@pytest.mark.gpu
+@needs_ext
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("batch,n", [(500, 100), (64, 512), (8, 1), (8, 7), (8, 33), (4, 257)])
+def test_jacobi_eigh_matches_float64_oracle(seed, batch, n, dtype):
+    A = _random_symmetric(batch, n, dtype, seed)
+    w, V, info = _solve(A)
+    check_eigh(A.cpu().numpy(), w.cpu().numpy(), V.cpu().numpy(), EIGH_TOL[dtype],
+               name=f"CUDA jacobi n={n} {dtype}")
+    assert int(info.max()) <= 20, f"{int(info.max())} sweeps"
+
+
+@pytest.mark.gpu
+@needs_ext
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_jacobi_eigh_centred_grams(seed, dtype):
+    """The kernel-PCA use: centred RBF Grams (PSD, one eigenvalue 0, fast-decaying spectrum)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    X = torch.randn(50, 100, 16, generator=g, device="cuda", dtype=torch.float64)
+    sq = torch.cdist(X, X).square()
+    K = torch.exp(-sq / sq.flatten(1).median(1).values[:, None, None])
+    K = K - K.mean(-1, keepdim=True)
+    K = K - K.mean(-2, keepdim=True)
+    A = ((K + K.transpose(1, 2)) / 2).to(dtype).contiguous()
+    w, V, _ = _solve(A)
+    check_eigh(A.cpu().numpy(), w.cpu().numpy(), V.cpu().numpy(), EIGH_TOL[dtype], name="CUDA jacobi, Grams")
+
+
+@pytest.mark.gpu
+@needs_ext
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_public_eigh_native_matches_reference(seed, dtype):
+    """gk.eigh under the native backend: same contract (descending, top k, sign fix) as the
+    reference, which runs torch.linalg.eigh in float64 here."""
+    A = _random_symmetric(3 * 5, 40, dtype, seed).reshape(3, 5, 40, 40)
+    with gk.set_backend("native"):
+        assert gk.resolve("eigh", "cuda") == "native"
+        w, V = gk.eigh(A, k=7)
+    w_ref, V_ref = eigh_reference(A.double(), 7)
+    assert w.shape == (3, 5, 7) and V.shape == (3, 5, 40, 7) and w.device == A.device
+    tol = EIGH_TOL[dtype]
+    assert float((w.double() - w_ref).norm() / w_ref.norm()) <= tol
+    # the sign convention: each column's largest-|.| entry is positive
+    top = V.gather(-2, V.abs().argmax(-2, keepdim=True))
+    assert bool((top > 0).all())
+    # vectors up to sign (two entries of nearly equal size can flip the convention's choice);
+    # eigenvector error ~ tol ||A|| / gap, and these random spectra have gaps > 1e-3 ||A||
+    signs = torch.sign((V.double() * V_ref).sum(-2, keepdim=True))
+    assert float((V.double() * signs - V_ref).norm() / V_ref.norm()) <= 1e3 * tol
+
+
+@pytest.mark.gpu
+@needs_ext
+def test_jacobi_reports_non_convergence(seed):
+    A = _random_symmetric(4, 20, torch.float32, seed)
+    _, _, info = native_cuda._C_cuda.jacobi_eigh(A, 1e-7, 0)
+    assert bool((info == -1).all())
+
+
+@pytest.mark.gpu
+@needs_ext
+def test_jacobi_rejects_bad_input():
+    with pytest.raises(RuntimeError, match="CUDA tensor"):
+        native_cuda._C_cuda.jacobi_eigh(torch.eye(3), 1e-7, 10)
+    A = torch.randn(4, 4, device="cuda")
+    with pytest.raises(RuntimeError, match="contiguous"):
+        native_cuda._C_cuda.jacobi_eigh((A + A.T).t(), 1e-7, 10)
+
+
+@pytest.mark.gpu
+@needs_ext
+def test_launch_check_runs(tmp_path):
+    """tests/cuda_host/launch_check.cu (linked, not run, by test_nvcc_compile.py) on the device."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    exe = tmp_path / "launch_check"
+    cu = sorted(str(p) for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
+    build = subprocess.run([nvcc, "-arch=native", "-std=c++17", "-I", str(ROOT / "csrc" / "cuda"),
+                            str(ROOT / "tests" / "cuda_host" / "launch_check.cu"), *cu, "-o", str(exe)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "launch_check: ok" in run.stdout, run.stdout + run.stderr
+
+
+# ------------------------------------------------------------------------------- GPU: pre-image
+
+def _preimage_problem(b, S, D, seed):
+    """tests/test_native_preimage.py's problem: basis B, starts near x, targets k(x, B) perturbed."""
+    g = torch.Generator().manual_seed(seed)
+    B = torch.randn(S, D, generator=g, dtype=torch.float64)
+    if D < 4:
+        grid = (torch.arange(S, dtype=torch.float64) - (S - 1) / 2) * (1.5 / math.sqrt(D))
+        B = grid.unsqueeze(1).expand(S, D) + 0.1 * B
+    X = torch.randn(b, D, generator=g, dtype=torch.float64)
+    gamma = 1.0 / (2 * D)
+    K = torch.exp(-gamma * torch.cdist(X, B).square())
+    T = (K * (1 + 0.05 * torch.randn(b, S, generator=g, dtype=torch.float64))).clamp_min(0)
+    Z0 = X + 0.3 * torch.randn(b, D, generator=g, dtype=torch.float64)
+    return Z0, B, T, gamma
+
+
+# (b, S, D): the native CPU test's shapes, plus sizes that need 16 (float32) or 8 (float64)
+# points per block to fit shared memory, and a large batch.
+PREIMAGE_SHAPES = [(1, 1, 1), (1, 33, 257), (7, 7, 33), (7, 33, 1), (33, 1, 7), (33, 7, 257),
+                   (33, 33, 7), (257, 33, 33), (257, 7, 1), (257, 1, 257), (70, 1500, 1500),
+                   (5000, 512, 512)]
+
+
+@pytest.mark.gpu
+@needs_ext
+@pytest.mark.parametrize("shape", PREIMAGE_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_preimage_gd_matches_float64_reference(seed, shape, dtype):
+    Z0, B, T, gamma = _preimage_problem(*shape, seed)
+    Z0, B, T = (x.to("cuda", dtype) for x in (Z0, B, T))  # the inputs both sides see
+    lr = default_gd_lr(Z0, B, gamma)
+    for steps in (0, 1, 25):
+        ref = gd_reference(Z0.double(), B.double(), T.double(), gamma, steps, lr.double())
+        with gk.set_backend("native"):
+            assert gk.resolve("preimage_gd", "cuda") == "native"
+            out = gk.preimage(Z0, B, T, gamma=gamma, method="gd", steps=steps, lr=lr)
+        assert out.is_cuda and out.dtype == dtype
+        rel = float((out.double() - ref).norm() / ref.norm())
+        assert rel <= PREIMAGE_TOL[dtype], f"{shape} steps={steps}: {rel:.3e} (seed {seed})"
+
+
+@pytest.mark.gpu
+@needs_ext
+def test_preimage_too_large_raises(seed):
+    Z0 = torch.randn(2, 40000, device="cuda")
+    B = torch.randn(3, 40000, device="cuda")
+    with pytest.raises(RuntimeError, match="shared memory"):
+        native_cuda._C_cuda.preimage_gd(Z0, B, torch.rand(2, 3, device="cuda"), 1e-4, 2,
+                                        torch.ones(2, device="cuda"))
+
+
+# --------------------------------------------------------------- CPU: registration with a stand-in
+
+class _FakeCudaTensor:
+    """Enough of a CUDA tensor for the wrappers' device test."""
+    device = SimpleNamespace(type="cuda")
+
+
+@pytest.fixture
+def registered_with_fake_cuda(monkeypatch):
+    """Run cuda._register() as it runs when _C_cuda is importable, on a copy of the registry, with
+    the CUDA kernels replaced by recorders."""
+    monkeypatch.setattr(_dispatch, "_REGISTRY", copy.deepcopy(_dispatch._REGISTRY))
+    before = copy.deepcopy(_dispatch._REGISTRY)
+    calls = []
+    fakes = {op: (lambda *a, _op=op: calls.append(("cuda", _op)) or "cuda-result") for op in native_cuda.CUDA_KERNELS}
+    monkeypatch.setattr(native_cuda, "CUDA_KERNELS", fakes)
+    native_cuda._register()
+    return before, calls
+
+
+def test_registration_keeps_cpu_native(registered_with_fake_cuda, seed):
+    before, calls = registered_with_fake_cuda
+    reg = _dispatch._REGISTRY
+    assert set(reg) == set(before)
+    for op, entry in reg.items():
+        assert entry.auto_order == before[op].auto_order, f"{op}: auto order changed"
+        assert {k: v for k, v in entry.impls.items() if k != "native"} == \
+               {k: v for k, v in before[op].impls.items() if k != "native"}
+    assert "native" in reg["eigh"].impls and "native" in reg["preimage_gd"].impls
+    if "native" in before["preimage_gd"].impls:
+        # CPU tensors reach the CPU kernel that ops.py registered, with identical results
+        Z0, B, T, gamma = _preimage_problem(9, 7, 5, seed)
+        lr = default_gd_lr(Z0, B, gamma)
+        got = reg["preimage_gd"].impls["native"](Z0, B, T, gamma, 3, lr)
+        want = before["preimage_gd"].impls["native"](Z0, B, T, gamma, 3, lr)
+        assert torch.equal(got, want)
+    # eigh has no CPU kernel: CPU tensors get the reference
+    A = torch.randn(6, 6, dtype=torch.float64)
+    A = A + A.T
+    w, V = reg["eigh"].impls["native"](A, 6)
+    w_ref, V_ref = eigh_reference(A, 6)
+    assert torch.equal(w, w_ref) and torch.equal(V, V_ref)
+    assert not calls
+
+
+def test_registration_routes_cuda_tensors(registered_with_fake_cuda, monkeypatch):
+    before, calls = registered_with_fake_cuda
+    reg = _dispatch._REGISTRY
+    fake = _FakeCudaTensor()
+    assert reg["eigh"].impls["native"](fake, 3) == "cuda-result"
+    assert reg["preimage_gd"].impls["native"](fake, None, None, 1.0, 1, None) == "cuda-result"
+    assert calls == [("cuda", "eigh"), ("cuda", "preimage_gd")]
+    # a native CPU op without a CUDA kernel sends CUDA tensors to the reference
+    for op, entry in before.items():
+        if "native" in entry.impls and op not in native_cuda.CUDA_KERNELS:
+            seen = []
+            monkeypatch.setitem(reg[op].impls, "reference", lambda *a, _seen=seen: _seen.append(a) or "ref")
+            assert reg[op].impls["native"](fake, 1, 2) == "ref" and len(seen) == 1
+
+
+def test_supports_cuda_only_with_the_extension(monkeypatch):
+    from geomkern.backends import native
+
+    if not native.is_available():
+        pytest.skip("geomkern._C (native backend) is not built")
+    monkeypatch.setattr(native_cuda, "_C_cuda", None)
+    assert native.supports_device("cpu") and not native.supports_device("cuda")
+    monkeypatch.setattr(native_cuda, "_C_cuda", object())
+    assert native.supports_device("cuda")
