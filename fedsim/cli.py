@@ -68,7 +68,7 @@ def _run(args) -> int:
                           ("clients", "n_clients"), ("rounds", "rounds"), ("fraction", "client_fraction"),
                           ("epochs", "local_epochs"), ("batch_size", "batch_size"), ("lr", "lr"),
                           ("model", "model"), ("seed", "seed"), ("seeds", "seeds"), ("device", "device"),
-                          ("min_size", "min_size")):
+                          ("min_size", "min_size"), ("zero_shot", "zero_shot")):
             v = getattr(args, key)
             if v is not None:
                 setattr(cfg, attr, v)
@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", type=int, help="number of seeds; tables show mean ± std (default 1)")
     r.add_argument("--device", help="cpu | cuda (default cpu)")
     r.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    r.add_argument("--zero-shot", dest="zero_shot", action="store_true", default=None,
+                   help="initialise the linear head from the dataset's class-name text embeddings")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_run)
     d = sub.add_parser("demo", help="geometry demo: the FedMC client pipeline on an S-curve, per backend")

@@ -57,6 +57,7 @@ class RunConfig:
     weight_decay: float = 0.0
     model: str = "linear"
     model_params: dict = field(default_factory=dict)
+    zero_shot: bool = False  # initialise the linear head from the dataset's class_text embeddings
     methods: list[MethodSpec] = field(default_factory=default_methods)
     seed: int = 0
     seeds: int = 1
@@ -178,6 +179,8 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_model(cfg.model, ds.dim, ds.n_classes, **cfg.model_params).to(dev)
+    if cfg.zero_shot:
+        model.init_from_text(ds.class_text.to(device=dev, dtype=torch.float32))
     algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
     global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     history: list[dict] = []
@@ -269,6 +272,9 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True)
             raise ValueError(f"{out} already holds a run; resume it with --resume {out} or choose "
                              "another --out")
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
+    if cfg.zero_shot and (cfg.model != "linear" or ds.class_text is None or ds.class_text.shape[1] != ds.dim):
+        raise ValueError("config: zero_shot needs model='linear' and a dataset with class_text embeddings "
+                         "in the embedding space (fedsim embed --text-model clip)")
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     partitions = {s: partition(cfg.partition, labels=ds.y_train, domains=ds.d_train, n_clients=cfg.n_clients,
                                beta=cfg.beta, seed=s, min_size=cfg.min_size) for s in seeds}

@@ -208,3 +208,18 @@ def test_config_file_and_cli(tmp_path, blobs, capsys):
     cfgfile.write_text('rounds = 2\nlearning_rate = 3\n')
     assert main(["run", "--config", str(cfgfile), "--out", str(tmp_path / "o3"), "--quiet"]) == 2
     assert "learning_rate" in capsys.readouterr().err
+
+
+def test_zero_shot_head_initialisation(tmp_path, blobs):
+    from fedsim.data import load_dataset
+
+    ds = load_dataset(blobs)
+    # class "text" embeddings = the class means: a zero-shot head that is already good
+    means = torch.stack([ds.x_train[ds.y_train == c].mean(0) for c in range(ds.n_classes)])
+    ds.class_text = means
+    path = tmp_path / "zs.npz"
+    save_dataset(ds, path)
+    res = runner.run(_cfg(path, rounds=1, lr=1e-6, zero_shot=True), tmp_path / "zs", progress=False)
+    assert res["methods"]["FedAvg"]["seeds"]["0"]["final_accuracy"] > 0.9  # no training to speak of
+    with pytest.raises(ValueError, match="zero_shot"):
+        runner.run(_cfg(blobs, zero_shot=True), tmp_path / "no", progress=False)
