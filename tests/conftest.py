@@ -117,9 +117,10 @@ def assert_close_rel(out, ref, tol: float, name: str = "output") -> None:
     bad_o, bad_r = ~np.isfinite(o), ~np.isfinite(r)
     if (bad_o != bad_r).any():
         idx = np.argwhere(bad_o != bad_r)
+        first = tuple(int(i) for i in idx[0])
         raise AssertionError(
-            f"{name}: NaN/Inf mismatch at {len(idx)} position(s), first {tuple(idx[0])}: "
-            f"out={o[tuple(idx[0])]!r}, ref={r[tuple(idx[0])]!r}")
+            f"{name}: NaN/Inf mismatch at {len(idx)} position(s), first {first}: "
+            f"out={float(o[first])!r}, ref={float(r[first])!r}")
     if bad_r.any():  # both non-finite at the same places: those must agree exactly
         same = (o[bad_r] == r[bad_r]) | (np.isnan(o[bad_r]) & np.isnan(r[bad_r]))
         assert same.all(), f"{name}: non-finite values differ"
@@ -127,15 +128,15 @@ def assert_close_rel(out, ref, tol: float, name: str = "output") -> None:
     err = rel_error(o, r)
     if not err <= tol:
         diff = np.abs(o - r)
-        worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
+        worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
         scale = np.abs(r).max() if r.size else 0.0
         over = np.argwhere(diff > tol * max(scale, np.finfo(np.float64).tiny))
-        first = tuple(over[0]) if len(over) else None
+        first = tuple(int(i) for i in over[0]) if len(over) else None
         msg = (f"{name}: relative error {err:.3e} > tol {tol:.1e}; max |out-ref| = "
-               f"{diff.max():.3e} at {worst} (out={o[worst]!r}, ref={r[worst]!r}); "
+               f"{diff.max():.3e} at {worst} (out={float(o[worst])!r}, ref={float(r[worst])!r}); "
                f"{len(over)} element(s) off by more than tol*max|ref|")
         if first is not None:
-            msg += f", first at {first} (out={o[first]!r}, ref={r[first]!r})"
+            msg += f", first at {first} (out={float(o[first])!r}, ref={float(r[first])!r})"
         raise AssertionError(msg)
 
 

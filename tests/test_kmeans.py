@@ -44,7 +44,13 @@ def check_consistent(X, labels, centers, k, tol):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_kmeans_inertia_close_to_sklearn(dtype, seed):
-    """Averaged over blobs and uniform data sets and several seeds, ours <= 1.05 x sklearn's."""
+    """Averaged over blobs and uniform data sets and seeds, ours <= 1.05 x sklearn's inertia.
+
+    Both sides get the same budget of 3 k-means++ inits (ours: best of 3 seeds; sklearn:
+    n_init=3). A single init on each side has the same mean ratio (~1.00) but a heavy tail (one
+    side merging two blobs costs 2-3x on that data set), which made a 16-set average exceed 1.05
+    by chance in ~1% of runs; best-of-3 keeps the comparison about the algorithm, not luck.
+    """
     rng = np.random.default_rng(seed)
     ratios = []
     for t in range(16):
@@ -57,9 +63,9 @@ def test_kmeans_inertia_close_to_sklearn(dtype, seed):
             X = rng.uniform(size=(n, D))
         Xt = torch.from_numpy(X).to(dtype)
         s = int(rng.integers(2 ** 31))
-        labels, centers = gk.kmeans(Xt, k, seed=s, iters=300)
-        ours = _inertia(_np(Xt), labels.numpy(), _np(centers))
-        ref = KMeans(n_clusters=k, n_init=1, random_state=s).fit(_np(Xt)).inertia_
+        ours = min(_inertia(_np(Xt), lab.numpy(), _np(cen))
+                   for lab, cen in (gk.kmeans(Xt, k, seed=s + i, iters=300) for i in range(3)))
+        ref = KMeans(n_clusters=k, n_init=3, random_state=s).fit(_np(Xt)).inertia_
         ratios.append(ours / ref)
     print("inertia ratios ours/sklearn:", np.round(ratios, 4))
     assert np.mean(ratios) <= 1.05, f"mean inertia ratio {np.mean(ratios):.4f} > 1.05"
@@ -91,21 +97,22 @@ def test_kmeans_batched_segments_consistent(sizes, k, D, dtype, seed, backend):
             assert _inertia(_np(X[a:b]), labels[a:b].numpy(), _np(centers[j])) <= TOL[dtype]
 
 
-def test_kmeans_segments_match_single_calls_in_quality(seed):
-    """A batched call is as good as separate calls: per-segment inertia within 5% on average."""
+def test_kmeans_batched_segments_as_good_as_sklearn(seed):
+    """A batched call is as good per segment as sklearn on that segment alone (same budget of
+    3 inits as above: best of 3 batched calls vs n_init=3), averaged over the segments."""
     rng = np.random.default_rng(seed)
     segs = [make_blobs(n, 4, centers=3, cluster_std=1.0, random_state=int(rng.integers(2 ** 31)))[0]
             for n in (40, 120, 257, 33, 80, 300)]
     X = torch.from_numpy(np.concatenate(segs))
     off = offsets_from_sizes([len(s) for s in segs])
-    labels, centers = gk.kmeans(X, 3, offsets=off, seed=int(rng.integers(2 ** 31)))
+    s0 = int(rng.integers(2 ** 31))
+    runs = [gk.kmeans(X, 3, offsets=off, seed=s0 + i) for i in range(3)]
     ratios = []
     for j, S in enumerate(segs):
         a, b = int(off[j]), int(off[j + 1])
-        batched = _inertia(S, labels[a:b].numpy(), _np(centers[j]))
-        sk = KMeans(n_clusters=3, n_init=1, random_state=int(rng.integers(2 ** 31)))
-        ref = sk.fit(S).inertia_
-        ratios.append(batched / ref)
+        batched = min(_inertia(S, lab[a:b].numpy(), _np(cen[j])) for lab, cen in runs)
+        sk = KMeans(n_clusters=3, n_init=3, random_state=int(rng.integers(2 ** 31)))
+        ratios.append(batched / sk.fit(S).inertia_)
     assert np.mean(ratios) <= 1.05, ratios
 
 

@@ -285,7 +285,7 @@ def _no_nan(fit):
 @pytest.mark.parametrize("D,scale", [(10, 3.0), (3, 0.5), (64, 1.0)])
 def test_kpca_identical_points(dtype, D, scale, solver, gen):
     """A cluster of identical points has zero feature-space variance: no component at all."""
-    n, d, g = 40, 3, 1.0 / D
+    n, d, g = 40, 3, 0.25
     x = (scale * torch.randn(1, D, generator=gen, dtype=torch.float64) + 5.0).to(dtype)
     other = separated_cluster(7, D, d, g, gen, dtype)
     X = torch.cat([x.repeat(n, 1), other])
@@ -383,3 +383,54 @@ def test_kpca_null_direction_of_many_small_clusters(dtype, solver, gen):
     B = torch.randn(4, D, generator=gen, dtype=torch.float64).to(dtype)
     betas = gk.project_onto_basis(X, fit, B, gamma=0.2)
     assert torch.equal(betas[:, n - 1], torch.zeros(m, 4, dtype=dtype))
+
+
+def test_kpca_transform_empty_and_per_row_segments(gen):
+    d, g, sizes = 2, 0.25, [7, 33, 4]
+    X = torch.cat([separated_cluster(n, 3, d, g, gen, torch.float64) for n in sizes])
+    fit = gk.kpca(X, offsets_from_sizes(sizes), n_components=d, gamma=g)
+    out = gk.kpca_transform(X[:0], X, fit, gamma=g, segment=1)
+    assert out.shape == (0, d)
+    Z = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    seg = torch.tensor([2, 0, 1, 1, 0, 2])
+    mixed = gk.kpca_transform(Z, X, fit, gamma=g, segment=seg)
+    for r in range(6):
+        one = gk.kpca_transform(Z[r:r + 1], X, fit, gamma=g, segment=int(seg[r]))
+        assert_close_rel(mixed[r:r + 1], one, TOL[torch.float64])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kpca_large_clusters_match_sklearn(dtype, gen):
+    """Realistic FedMC patch sizes (the subspace solver's regime) against sklearn."""
+    d, g, sizes = 2, 0.25, [1500, 700]
+    X = torch.cat([separated_cluster(n, 3, d, g, gen, dtype) for n in sizes])
+    fit = gk.kpca(X, offsets_from_sizes(sizes), n_components=d, gamma=g)
+    Z = X[:5] + 0.3
+    for j in range(len(sizes)):
+        check_cluster(fit, X, j, g, d, "auto", Z=Z)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_kpca_far_from_origin(dtype, gen):
+    """RBF kernels are translation invariant, and so must the accuracy be: a cluster centred at
+    100 * (1, ..., 1) (|x|^2 ~ 8e4) is measured from its own mean, not through
+    |x|^2 + |y|^2 - 2<x, y> at the origin (that cost ~gamma eps |x|^2 ~ 1e-3 in float32)."""
+    d, D, g = 2, 8, 0.25
+    sizes = [33, 7]
+    X = torch.cat([separated_cluster(n, D, d, g, gen, dtype) for n in sizes])
+    X = (X.double() + 100.0).to(dtype)
+    if dtype == torch.float32 and not all(_gap_ok(X[a:b], g, d) for a, b in ((0, 33), (33, 40))):
+        pytest.skip("float32 rounding of the shifted points closed a spectral gap")
+    off = offsets_from_sizes(sizes)
+    fit = gk.kpca(X, off, n_components=d, gamma=g, solver="dense")
+    Z = X[:4] + 0.5
+    B = (X[30:38].double() + 0.3).to(dtype)
+    betas = gk.project_onto_basis(X, fit, B, gamma=g)
+    for j in range(len(sizes)):
+        kp, s = check_cluster(fit, X, j, g, d, "dense", Z=Z)
+        Xj = _np(X[off[j]:off[j + 1]])
+        a = _np(fit.alphas[off[j]:off[j + 1]])
+        kxb = rbf_kernel(Xj, _np(B), gamma=g)
+        err = np.abs(_np(betas[j]) - a.T @ kxb)
+        assert (err <= TOL[dtype] * np.abs(a).T @ kxb).all(), f"betas off by {err.max():.3e}"

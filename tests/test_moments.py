@@ -67,6 +67,20 @@ def test_class_moments_match_numpy_cov(N, D, C, n_empty, dtype, seed, backend):
         assert_close_rel(covs[c], covs[c].T, TOL[dtype], f"class {c} covariance symmetry")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_class_moments_single_sample_and_empty_class(dtype, gen):
+    X = (5.0 + torch.randn(9, 4, generator=gen, dtype=torch.float64)).to(dtype)
+    y = torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 2])  # class 1 empty, class 2 one sample
+    counts, means, covs = gk.class_moments(X, y, 3)
+    assert counts.tolist() == [8, 0, 1]
+    assert bool(torch.isfinite(means).all()) and bool(torch.isfinite(covs).all())
+    assert torch.equal(means[1], torch.zeros(4, dtype=dtype))
+    assert torch.equal(covs[1], torch.zeros(4, 4, dtype=dtype))
+    assert torch.equal(means[2], X[8])
+    assert torch.equal(covs[2], torch.zeros(4, 4, dtype=dtype))
+    assert_close_rel(covs[0], np.cov(_np(X[:8]).T, bias=True), TOL[dtype])
+
+
 def test_class_moments_int32_labels_and_no_samples(gen):
     X, y = _class_data(40, 3, 4, gen, torch.float64, 1)
     a = gk.class_moments(X, y.to(torch.int32), 4)

@@ -189,3 +189,13 @@ def test_median_gamma_half_input(dtype, gen):
     X = _points(33, 5, gen, dtype)
     ref = 1.0 / np.median(pdist(_np(X), "sqeuclidean"))
     assert abs(gk.median_gamma(X) - ref) <= 1e-10 * ref
+
+
+@pytest.mark.slow
+def test_rbf_matmul_default_chunking_large(gen):
+    """n * m above the reference's 2^24-element chunk: several real chunks."""
+    X, Y = _points(4500, 8, gen), _points(4200, 8, gen)
+    V = torch.rand(4200, 3, generator=gen, dtype=torch.float64)
+    out = gk.rbf_matmul(X, Y, V, gamma=0.05)
+    ref = rbf_kernel(_np(X), _np(Y), gamma=0.05) @ _np(V)
+    assert_close_rel(out, ref, TOL[torch.float64], "rbf_matmul large")

@@ -493,3 +493,21 @@ def test_non_contiguous_second_operands_handled():
     _same(gk.pool_moments(counts.T.contiguous().T, means.transpose(0, 1).contiguous()
                           .transpose(0, 1), covs.transpose(-1, -2).contiguous()
                           .transpose(-1, -2)), pooled)
+
+
+# ----- the shared test helpers fail when they should --------------------------------------------
+
+def test_assert_close_rel_reports_and_fails():
+    from conftest import assert_close_rel, match_signs, rel_error
+    ref = np.array([[1.0, 2.0], [3.0, 4.0]])
+    assert_close_rel(ref * (1 + 1e-12), ref, 1e-10)
+    with pytest.raises(AssertionError, match=r"relative error .* first at \(1, 0\)"):
+        assert_close_rel(ref + np.array([[0.0, 0.0], [1e-3, 0.0]]), ref, 1e-10)
+    with pytest.raises(AssertionError, match=r"NaN/Inf mismatch at 1 position"):
+        assert_close_rel(np.where(ref == 2.0, np.nan, ref), ref, 1e-10)
+    with pytest.raises(AssertionError, match=r"shape"):
+        assert_close_rel(ref[0], ref, 1e-10)
+    assert rel_error(np.zeros(3), np.zeros(3)) == 0.0
+    with pytest.raises(AssertionError):
+        assert_close_rel(np.full(3, 1e-3), np.zeros(3), 1e-10)
+    assert match_signs(-ref, ref).tolist() == [-1.0, -1.0]

@@ -243,7 +243,9 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
     out = torch.empty(Z.shape[0], fit.n_components, dtype=Z.dtype, device=Z.device)
     for j in torch.unique(seg).tolist():
         rows = torch.nonzero(seg == j).squeeze(1)
-        Kz = torch.exp(_sqdist(Z[rows], X[off[j]:off[j + 1]]).mul_(-g))
+        Xj = X[off[j]:off[j + 1]]
+        mu = Xj.mean(0)  # distances from the cluster, not the origin: as in the fit (roundoff)
+        Kz = torch.exp(_sqdist(Z[rows] - mu, Xj - mu).mul_(-g))
         out[rows] = Kz @ fit.alphas[off[j]:off[j + 1]] - fit.mean_projection[j]
     return out
 
@@ -253,7 +255,9 @@ def projection_reference(X, alphas, offsets, B, gamma: float) -> torch.Tensor:
     m = len(off) - 1
     out = torch.empty(m, alphas.shape[1], B.shape[0], dtype=X.dtype, device=X.device)
     for j in range(m):
-        Kj = torch.exp(_sqdist(X[off[j]:off[j + 1]], B).mul_(-gamma))
+        Xj = X[off[j]:off[j + 1]]
+        mu = Xj.mean(0)  # distances from the cluster, not the origin: as in the fit (roundoff)
+        Kj = torch.exp(_sqdist(Xj - mu, B - mu).mul_(-gamma))
         torch.mm(alphas[off[j]:off[j + 1]].T, Kj, out=out[j])
     return out
 
