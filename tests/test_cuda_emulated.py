@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _preimage_problem import preimage_problem
 from _eigh_oracle import check_eigh
 
 from geomkern.ops.preimage import default_gd_lr, gd_reference
@@ -243,19 +244,6 @@ def test_jacobi_n257_workspace(emu_lib, rng, seed, dtype):
 
 # ---------------------------------------------------------------------------------- pre-image
 
-def _preimage_problem(b, S, D, seed):
-    """tests/test_native_preimage.py's problem: basis B, starts near x, targets k(x, B) perturbed."""
-    g = torch.Generator().manual_seed(seed)
-    B = torch.randn(S, D, generator=g, dtype=torch.float64)
-    if D < 4:
-        grid = (torch.arange(S, dtype=torch.float64) - (S - 1) / 2) * (1.5 / math.sqrt(D))
-        B = grid.unsqueeze(1).expand(S, D) + 0.1 * B
-    X = torch.randn(b, D, generator=g, dtype=torch.float64)
-    gamma = 1.0 / (2 * D)
-    K = torch.exp(-gamma * torch.cdist(X, B).square())
-    T = (K * (1 + 0.05 * torch.randn(b, S, generator=g, dtype=torch.float64))).clamp_min(0)
-    Z0 = X + 0.3 * torch.randn(b, D, generator=g, dtype=torch.float64)
-    return Z0, B, T, gamma
 
 
 def _smem_bytes(P, S, D, itemsize):
@@ -265,7 +253,7 @@ def _smem_bytes(P, S, D, itemsize):
 def _check_preimage(emu_lib, shape, dtype, seed, steps_list=(0, 1, 25), device_smem=H100_SMEM,
                     points_expected=None):
     tdt = torch.float32 if dtype == np.float32 else torch.float64
-    Z0, B, T, gamma = _preimage_problem(*shape, seed)
+    Z0, B, T, gamma = preimage_problem(*shape, seed)
     Z0, B, T = Z0.to(tdt), B.to(tdt), T.to(tdt)  # the inputs both sides see
     lr = default_gd_lr(Z0, B, gamma)
     for steps in steps_list:
@@ -301,7 +289,7 @@ def test_preimage_smaller_tiles(emu_lib, seed, points, dtype):
 
 
 def test_preimage_too_large_for_shared_memory(emu_lib, seed):
-    Z0, B, T, gamma = (x.numpy() if hasattr(x, "numpy") else x for x in _preimage_problem(2, 40, 50, seed))
+    Z0, B, T, gamma = (x.numpy() if hasattr(x, "numpy") else x for x in preimage_problem(2, 40, 50, seed))
     lr = np.full(2, 0.1)
     smem = _smem_bytes(8, 40, 50, 8) - 8
     rc, _, out, points = preimage(emu_lib, Z0, B, T, lr, gamma, 3, seed=seed, device_smem=smem)

@@ -16,7 +16,6 @@ is checked to survive unchanged on every machine.
 from __future__ import annotations
 
 import copy
-import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from _preimage_problem import preimage_problem
 from _eigh_oracle import check_eigh
 
 import geomkern as gk
@@ -147,19 +147,6 @@ def test_launch_check_runs(tmp_path):
 
 # ------------------------------------------------------------------------------- GPU: pre-image
 
-def _preimage_problem(b, S, D, seed):
-    """tests/test_native_preimage.py's problem: basis B, starts near x, targets k(x, B) perturbed."""
-    g = torch.Generator().manual_seed(seed)
-    B = torch.randn(S, D, generator=g, dtype=torch.float64)
-    if D < 4:
-        grid = (torch.arange(S, dtype=torch.float64) - (S - 1) / 2) * (1.5 / math.sqrt(D))
-        B = grid.unsqueeze(1).expand(S, D) + 0.1 * B
-    X = torch.randn(b, D, generator=g, dtype=torch.float64)
-    gamma = 1.0 / (2 * D)
-    K = torch.exp(-gamma * torch.cdist(X, B).square())
-    T = (K * (1 + 0.05 * torch.randn(b, S, generator=g, dtype=torch.float64))).clamp_min(0)
-    Z0 = X + 0.3 * torch.randn(b, D, generator=g, dtype=torch.float64)
-    return Z0, B, T, gamma
 
 
 # (b, S, D): the native CPU test's shapes, plus sizes that need 16 (float32) or 8 (float64)
@@ -174,7 +161,7 @@ PREIMAGE_SHAPES = [(1, 1, 1), (1, 33, 257), (7, 7, 33), (7, 33, 1), (33, 1, 7), 
 @pytest.mark.parametrize("shape", PREIMAGE_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_preimage_gd_matches_float64_reference(seed, shape, dtype):
-    Z0, B, T, gamma = _preimage_problem(*shape, seed)
+    Z0, B, T, gamma = preimage_problem(*shape, seed)
     Z0, B, T = (x.to("cuda", dtype) for x in (Z0, B, T))  # the inputs both sides see
     lr = default_gd_lr(Z0, B, gamma)
     for steps in (0, 1, 25):
@@ -228,7 +215,7 @@ def test_registration_keeps_cpu_native(registered_with_fake_cuda, seed):
     assert "native" in reg["eigh"].impls and "native" in reg["preimage_gd"].impls
     if "native" in before["preimage_gd"].impls:
         # CPU tensors reach the CPU kernel that ops.py registered, with identical results
-        Z0, B, T, gamma = _preimage_problem(9, 7, 5, seed)
+        Z0, B, T, gamma = preimage_problem(9, 7, 5, seed)
         lr = default_gd_lr(Z0, B, gamma)
         got = reg["preimage_gd"].impls["native"](Z0, B, T, gamma, 3, lr)
         want = before["preimage_gd"].impls["native"](Z0, B, T, gamma, 3, lr)

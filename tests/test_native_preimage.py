@@ -6,11 +6,11 @@ every failure message.
 """
 from __future__ import annotations
 
-import math
 import secrets
 
 import pytest
 import torch
+from _preimage_problem import preimage_problem
 
 import geomkern as gk
 
@@ -30,26 +30,6 @@ STEPS = (0, 1, 25)
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
 
 
-def _problem(b, S, D, seed):
-    """Basis B, starting points near x, targets = k(x, B) perturbed: a pre-image to recover.
-
-    For D < 4 the basis is a jittered grid, so G = K(B, B) stays well conditioned: with random
-    points on a line G is nearly singular, the fixed-point coefficients A = (G + ridge I)^-1 T get
-    huge entries of both signs, and the iteration amplifies rounding so much that the float64
-    reference and any reordering of its sums differ at 1e-3 (a property of the problem, not of
-    the kernel).
-    """
-    g = torch.Generator().manual_seed(seed)
-    B = torch.randn(S, D, generator=g, dtype=torch.float64)
-    if D < 4:
-        grid = (torch.arange(S, dtype=torch.float64) - (S - 1) / 2) * (1.5 / math.sqrt(D))
-        B = grid.unsqueeze(1).expand(S, D) + 0.1 * B
-    X = torch.randn(b, D, generator=g, dtype=torch.float64)
-    gamma = 1.0 / (2 * D)
-    K = torch.exp(-gamma * torch.cdist(X, B).square())
-    T = (K * (1 + 0.05 * torch.randn(b, S, generator=g, dtype=torch.float64))).clamp_min(0)
-    Z0 = X + 0.3 * torch.randn(b, D, generator=g, dtype=torch.float64)
-    return Z0, B, T, gamma
 
 
 def _poison_allocator(shape, dtype):
@@ -69,7 +49,7 @@ def _rel(out, ref):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_native_matches_float64_reference(shape, method, dtype):
     seed = secrets.randbits(31)
-    Z0, B, T, gamma = _problem(*shape, seed)
+    Z0, B, T, gamma = preimage_problem(*shape, seed)
     Z0, B, T = Z0.to(dtype), B.to(dtype), T.to(dtype)  # the inputs both backends see
     for steps in STEPS:
         with gk.set_backend("reference"):
@@ -99,7 +79,7 @@ def test_native_result_does_not_depend_on_thread_count(method, b):
     from geomkern.backends.native import ops as native_ops
 
     seed = secrets.randbits(31)
-    Z0, B, T, gamma = _problem(b, 33, 70, seed)
+    Z0, B, T, gamma = preimage_problem(b, 33, 70, seed)
     Z0, B, T = Z0.float(), B.float(), T.float()
     lr = torch.full((Z0.shape[0],), 2.0)
     before = torch.get_num_threads()
