@@ -206,3 +206,28 @@ def test_preimage_on_device(device, gen):
     z = gk.preimage(z0.to(device), B.to(device), T.to(device), gamma=g, steps=1000)
     assert z.device.type == device
     assert (_dist_in_widths(z.cpu(), x, g) <= 1e-6).all()
+
+
+def test_float32_fixed_point_with_nearly_singular_gram(gen):
+    """300 basis points on a line (D = 1): G is singular to float32 precision. The coefficients
+    are solved in float64, so float32 input works, equals the float64 run to float32 rounding,
+    and a basis point's own target still pulls the iterate back to it."""
+    B = torch.linspace(-1.0, 1.0, 300, dtype=F64).unsqueeze(1)
+    g = 1.0
+    x = B[[3, 150, 290]]
+    T = torch.from_numpy(rbf_kernel(_np(x), _np(B), gamma=g))
+    z0 = x + 0.01
+    z64 = gk.preimage(z0, B, T, gamma=g, method="fixed_point", steps=20)
+    z32 = gk.preimage(z0.float(), B.float(), T.float(), gamma=g, method="fixed_point", steps=20)
+    assert z32.dtype == torch.float32 and torch.isfinite(z32).all()
+    assert_close_rel(z32.double(), z64, 1e-4, "float32 vs float64 fixed point")
+    assert (z64 - x).abs().max() < 0.01
+
+
+def test_fixed_point_singular_gram_gives_clear_error(gen):
+    B = torch.zeros(4, 2, dtype=F64)  # four identical points: G = all ones, G + ridge I is PD...
+    T = torch.ones(1, 4, dtype=F64)
+    z = gk.preimage(torch.zeros(1, 2, dtype=F64), B, T, gamma=1.0, method="fixed_point", steps=3)
+    assert torch.isfinite(z).all()  # ...so this works; a ridge below float64 resolution does not
+    with pytest.raises(ValueError, match="ridge=1e-20"):
+        gk.preimage(torch.zeros(1, 2, dtype=F64), B, T, gamma=1.0, method="fixed_point", steps=3, ridge=1e-20)

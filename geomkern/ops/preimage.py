@@ -53,11 +53,19 @@ def gd_reference(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor) -> torch.
 
 
 def fixed_point_coefficients(B: torch.Tensor, T: torch.Tensor, gamma: float, ridge: float) -> torch.Tensor:
-    """a = T (G + ridge I)^-1, the expansion of each target in Phi(B) (G has unit diagonal)."""
-    G = _kernel(B, B, gamma)
+    """a = T (G + ridge I)^-1, the expansion of each target in Phi(B) (G has unit diagonal).
+
+    Solved in float64 whatever the input dtype: with near-duplicate basis points G is nearly
+    singular and a float32 Cholesky of G + 1e-6 I can fail (S = 300 points on a line did).
+    """
+    B64 = B.double()
+    G = _kernel(B64, B64, gamma)
     G.diagonal().add_(ridge)
-    L = torch.linalg.cholesky(G)
-    return torch.cholesky_solve(T.T, L).T.contiguous()
+    L, info = torch.linalg.cholesky_ex(G)
+    if int(info) != 0:
+        raise ValueError(f"fixed_point: the GAB Gram G + ridge*I is not positive definite even in float64 "
+                         f"(ridge={ridge}); raise ridge or remove duplicate basis points")
+    return torch.cholesky_solve(T.T.double(), L).T.to(T.dtype).contiguous()
 
 
 def fixed_point_reference(Z0, B, A, gamma: float, steps: int) -> torch.Tensor:
