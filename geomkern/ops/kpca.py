@@ -15,10 +15,15 @@ import torch
 from .. import _dispatch, _validate
 from .rbf import _sqdist, double_center, gram_reference
 
-SOLVERS = ("auto", "dense", "subspace")
-# auto -> subspace: it hands small clusters (block >= n/3) to dense itself; measured in
+SOLVERS = ("auto", "dense", "subspace", "matrix_free")
+# auto -> subspace: it hands small clusters (block >= n/3) to dense itself, and size buckets
+# whose stored Grams would exceed GRAM_BUDGET_BYTES to the matrix-free solver; measured in
 # benchmarks/test_client_pipeline.py (3 x 1,700 points: see README).
-_SOLVER_OP = {"auto": "kpca_subspace", "subspace": "kpca_subspace", "dense": "kpca_dense"}
+_SOLVER_OP = {"auto": "kpca_subspace", "subspace": "kpca_subspace", "dense": "kpca_dense",
+              "matrix_free": "kpca_matrix_free"}
+# Stored zero-padded centred Grams of one size bucket above this go matrix-free (the Gram is
+# recomputed by rbf_matmul at every Krylov step instead: ~8x the Gram's flops, O(n k) memory).
+GRAM_BUDGET_BYTES = 2 << 30
 
 
 @dataclass
@@ -73,37 +78,71 @@ def dense_top(Kc: torch.Tensor, d: int):
     return mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
 
 
-def subspace_top(Kc: torch.Tensor, d: int, *, max_iter: int = 300, check_every: int = 4):
-    """Top-d eigenpairs of a batch of symmetric PSD (B, n, n): block subspace iteration with
-    Rayleigh-Ritz, block size k = max(2d, d + 8), from a seeded random start (deterministic).
+def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max_depth: int = 8,
+                     max_restarts: int = 30):
+    """Top-d eigenpairs of a batch of symmetric PSD operators (B, n, n) given only ``apply``
+    (float64 (B, n, k) -> float64 (B, n, k), the operator times a block).
 
-    The iteration runs in float64 whatever Kc's dtype (float32 iterates stopped at a residual of
-    1e-4 left alphas ~1e-4 off the float64 oracle). Converged when every residual
-    |Kc u_i - mu_i u_i| <= tol * mu_1 (tol 1e-6 for float32 input, 1e-12 for float64; the
-    eigenvalue error is ~ residual^2 / gap, far below those). A batch that has not
-    converged after ``max_iter`` iterations falls back to the dense solver.
+    Randomized block Krylov (block Lanczos with full reorthogonalisation, block size
+    k = max(2d, d + 8)) with Rayleigh-Ritz after 4, 6 and 8 blocks: K Q of the whole Krylov basis
+    is the products already made, so the Rayleigh quotient costs no extra pass over K. Converged
+    when every residual |K u_i - mu_i u_i| <= tol * mu_1; otherwise restarted from the top-k Ritz
+    vectors. Returns float64 (mu (B, d), U (B, n, d)), or None after ``max_restarts`` passes.
+    The basis is kept transposed (blocks as rows) so growing it needs no copies.
+    """
+    f64 = torch.float64
+    k = min(n, max(2 * d, d + 8))
+    depth = max(1, min(max_depth, n // k))
+    QT = torch.empty(Bsz, depth * k, n, dtype=f64, device=device)  # Krylov basis, transposed
+    WT = torch.empty_like(QT)  # K times the basis, transposed
+    gen = torch.Generator(device=device).manual_seed(0)
+    Y = torch.linalg.qr(torch.randn(Bsz, n, k, generator=gen, dtype=f64, device=device)).Q
+    checks = {min(4, depth), min(6, depth), depth}
+    for _ in range(max_restarts):
+        for i in range(depth):
+            a, b = i * k, (i + 1) * k
+            QT[:, a:b] = Y.transpose(1, 2)
+            WT[:, a:b] = apply(Y).transpose(1, 2)
+            if i + 1 in checks:
+                H = QT[:, :b] @ WT[:, :b].transpose(1, 2)
+                w, V = torch.linalg.eigh(0.5 * (H + H.transpose(1, 2)))
+                w, V = w.flip(-1), V.flip(-1)
+                Vd = V[:, :, :d].transpose(1, 2)  # (B, d, m)
+                UT = Vd @ QT[:, :b]
+                res = (Vd @ WT[:, :b] - UT * w[:, :d].unsqueeze(-1)).norm(dim=-1)
+                scale = w[:, :1].abs().clamp_min(torch.finfo(f64).tiny)
+                if bool((res <= tol * scale).all()):
+                    return w[:, :d], UT.transpose(1, 2)
+            if i + 1 == depth:
+                break
+            ZT = WT[:, a:b]
+            for _ in range(2):  # twice is enough (Kahan): the basis stays orthonormal to roundoff
+                ZT = ZT - (ZT @ QT[:, :b].transpose(1, 2)) @ QT[:, :b]
+                ZT = torch.linalg.qr(ZT.transpose(1, 2)).Q.transpose(1, 2)
+            Y = ZT.transpose(1, 2)
+        Y = (V[:, :, :k].transpose(1, 2) @ QT).transpose(1, 2)  # thick restart: top-k Ritz vectors
+    return None
+
+
+def subspace_top(Kc: torch.Tensor, d: int, *, max_restarts: int = 30):
+    """Top-d eigenpairs of a batch of stored symmetric PSD (B, n, n): :func:`block_krylov_top`.
+
+    The products run in Kc's dtype (float32 products of the float32 Gram reached residuals of
+    5e-8 on the client-pipeline clusters, so a float64 copy of Kc buys nothing) while the
+    Krylov basis and Rayleigh-Ritz are float64. Converged when every residual <= tol * mu_1 (tol
+    1e-6 for float32 input, 1e-12 for float64; the eigenvalue error is ~ residual^2 / gap, far
+    below those). Dense when the block is a sizeable part of the matrix or if it does not converge.
     """
     Bsz, n, _ = Kc.shape
     k = min(n, max(2 * d, d + 8))
     if 3 * k > n:  # the block is a sizeable part of the matrix: dense is cheaper and exact
         return dense_top(Kc, d)
-    out_dtype = Kc.dtype
-    tol = 1e-6 if out_dtype == torch.float32 else 1e-12
-    Kc = Kc.to(torch.float64)
-    gen = torch.Generator(device=Kc.device).manual_seed(0)
-    Q = torch.linalg.qr(torch.randn(Bsz, n, k, generator=gen, dtype=Kc.dtype, device=Kc.device)).Q
-    for it in range(1, max_iter + 1):
-        KQ = Kc @ Q
-        if it % check_every == 0:
-            w, V = torch.linalg.eigh(Q.transpose(1, 2) @ KQ)
-            w, V = w.flip(-1)[:, :d], V.flip(-1)[:, :, :d]
-            U = Q @ V
-            res = (KQ @ V - U * w.unsqueeze(1)).norm(dim=1)
-            scale = w[:, :1].abs().clamp_min(torch.finfo(Kc.dtype).tiny)
-            if bool((res <= tol * scale).all()):
-                return w.to(out_dtype), U.to(out_dtype)
-        Q = torch.linalg.qr(KQ).Q
-    return tuple(t.to(out_dtype) for t in dense_top(Kc, d))
+    tol = 1e-6 if Kc.dtype == torch.float32 else 1e-12
+    out = block_krylov_top(lambda Y: (Kc @ Y.to(Kc.dtype)).to(torch.float64), Bsz, n, d,
+                           device=Kc.device, tol=tol, max_restarts=max_restarts)
+    if out is None:
+        return dense_top(Kc, d)
+    return out[0].to(Kc.dtype), out[1].to(Kc.dtype)
 
 
 def eigenpairs_from_centred_grams(Kc: torch.Tensor, colmeans: list, sizes: list, n_components: int,
@@ -115,12 +154,18 @@ def eigenpairs_from_centred_grams(Kc: torch.Tensor, colmeans: list, sizes: list,
     Returns eigenvalues (b, d), alphas (a list of b (sizes[t], d) tensors), mean_projection (b, d).
     Every kpca backend shares this, so only the Gram construction differs between them.
     """
-    d = n_components
-    eigenvalues = torch.zeros(len(sizes), d, dtype=Kc.dtype, device=Kc.device)
-    mean_proj = torch.zeros(len(sizes), d, dtype=Kc.dtype, device=Kc.device)
+    mu, U = top(Kc, n_components)
+    return normalise_eigenpairs(mu, U, colmeans, sizes)
+
+
+def normalise_eigenpairs(mu: torch.Tensor, U: torch.Tensor, colmeans: list, sizes: list):
+    """Top-d eigenpairs (mu (b, d), U (b, >= n_t, d)) of b centred Grams -> (eigenvalues,
+    alphas list, mean_projection) as kpca returns them; see eigenpairs_from_centred_grams."""
+    d = mu.shape[1]
+    eigenvalues = torch.zeros(len(sizes), d, dtype=mu.dtype, device=mu.device)
+    mean_proj = torch.zeros(len(sizes), d, dtype=mu.dtype, device=mu.device)
     alphas = []
-    eps = torch.finfo(Kc.dtype).eps
-    mu, U = top(Kc, d)
+    eps = torch.finfo(mu.dtype).eps
     for t, n in enumerate(sizes):
         mu_j, U_j = mu[t], sign_fix(U[t, :n])
         # numpy's matrix_rank tolerance (n eps mu_1) plus the floor from forming Kc = HKH out of
@@ -153,6 +198,11 @@ def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
     mean_proj = torch.zeros(m, d, dtype=X.dtype, device=X.device)
     for bucket in _buckets(sizes):
         nmax = sizes[bucket[0]]
+        if top is subspace_top and len(bucket) * nmax * nmax * X.element_size() > GRAM_BUDGET_BYTES:
+            for j in bucket:  # too large to store: matrix-free, one cluster at a time
+                eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
+                    X[off[j]:off[j + 1]], d, gamma)
+            continue
         Kc = torch.zeros(len(bucket), nmax, nmax, dtype=X.dtype, device=X.device)
         colmeans = []
         for t, j in enumerate(bucket):
@@ -172,6 +222,47 @@ def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
     return eigenvalues, alphas, mean_proj
 
 
+def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
+    """Top-d kernel PCA of one cluster without storing its Gram: every Krylov step applies
+    Kc = H K H to a block through ``rbf_matmul`` (the Triton flash-style kernel on CUDA).
+    Returns (eigenvalues (d,), alphas (n, d), mean_projection (d,))."""
+    n = Xj.shape[0]
+    k = min(n, max(2 * d, d + 8))
+    Xc = Xj - Xj.mean(0)  # translation invariance; as the stored path does (roundoff)
+    if 3 * k > n:  # small: the Gram is tiny, the dense solve exact
+        K = gram_reference(Xc, None, gamma, False)
+        mu, alphas, mp = eigenpairs_from_centred_grams(double_center(K).unsqueeze(0), [K.mean(0)], [n], d)
+        return mu[0], alphas[0], mp[0]
+    matmul = _dispatch.implementation("rbf_matmul", Xj.device.type)
+    dt = Xj.dtype
+
+    def apply(Y):  # (1, n, k) float64 -> H K H Y
+        V = Y[0].to(dt)
+        KV = matmul(Xc, Xc, V - V.mean(0), gamma)
+        return (KV - KV.mean(0)).to(torch.float64).unsqueeze(0)
+
+    tol = 1e-6 if dt == torch.float32 else 1e-12
+    out = block_krylov_top(apply, 1, n, d, device=Xj.device, tol=tol)
+    colmean = matmul(Xc, Xc, torch.full((n, 1), 1.0 / n, dtype=dt, device=Xj.device), gamma)[:, 0]
+    if out is None:
+        raise RuntimeError(f"matrix-free kpca did not converge on a cluster of {n} points; "
+                           "use solver='dense' or 'subspace' (they store the Gram)")
+    mu, alphas, mp = normalise_eigenpairs(out[0].to(dt), out[1].to(dt), [colmean], [n])
+    return mu[0], alphas[0], mp[0]
+
+
+def kpca_matrix_free_reference(X, offsets, n_components: int, gamma: float):
+    off = offsets.tolist()
+    m = len(off) - 1
+    eigenvalues = torch.zeros(m, n_components, dtype=X.dtype, device=X.device)
+    alphas = torch.zeros(X.shape[0], n_components, dtype=X.dtype, device=X.device)
+    mean_proj = torch.zeros(m, n_components, dtype=X.dtype, device=X.device)
+    for j in range(m):
+        eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
+            X[off[j]:off[j + 1]], n_components, gamma)
+    return eigenvalues, alphas, mean_proj
+
+
 def kpca_dense_reference(X, offsets, n_components: int, gamma: float):
     return _kpca_reference(X, offsets, n_components, gamma, dense_top)
 
@@ -182,6 +273,7 @@ def kpca_subspace_reference(X, offsets, n_components: int, gamma: float):
 
 _dispatch.register("kpca_dense", "reference")(kpca_dense_reference)
 _dispatch.register("kpca_subspace", "reference")(kpca_subspace_reference)
+_dispatch.register("kpca_matrix_free", "reference")(kpca_matrix_free_reference)
 
 
 def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: float,
@@ -191,8 +283,10 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
     X: (N, D); offsets: int64 (m+1,) CSR boundaries (cluster j = rows offsets[j]:offsets[j+1]).
     Every cluster needs at least ``n_components`` points. Returns a :class:`KPCAFit`.
     solver: "dense" (full batched eigh of the zero-padded centred Grams), "subspace" (top-d
-    block subspace iteration with Rayleigh-Ritz and a residual check; dense for small clusters),
-    "auto" (= subspace).
+    randomized block Krylov with Rayleigh-Ritz and a residual check on the stored Grams; dense
+    for small clusters), "matrix_free" (the same iteration with the Gram never stored: each step
+    is an ``rbf_matmul``), "auto" (= subspace, which goes matrix-free for size buckets whose
+    Grams would exceed GRAM_BUDGET_BYTES).
     """
     X = _validate.tensor("X", X, ndim=2)
     offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
