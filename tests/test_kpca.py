@@ -467,3 +467,16 @@ def test_kpca_far_from_origin(dtype, gen):
         kxb = rbf_kernel(Xj, _np(B), gamma=g)
         err = np.abs(_np(betas[j]) - a.T @ kxb)
         assert (err <= TOL[dtype] * np.abs(a).T @ kxb).all(), f"betas off by {err.max():.3e}"
+
+
+def test_auto_picks_dense_below_the_measured_crossover(monkeypatch):
+    """auto: dense eigh below DENSE_BELOW_BLOCKS Krylov blocks (k = max(2d, d + 8)), Krylov above."""
+    seen = []
+    real_dense, real_sub = kpca_mod.dense_top, kpca_mod.subspace_top
+    monkeypatch.setattr(kpca_mod, "dense_top", lambda Kc, d: seen.append(("dense", Kc.shape[-1])) or real_dense(Kc, d))
+    monkeypatch.setattr(kpca_mod, "subspace_top", lambda Kc, d: seen.append(("krylov", Kc.shape[-1])) or real_sub(Kc, d))
+    edge = kpca_mod.DENSE_BELOW_BLOCKS * 10  # d = 2: k = 10
+    for n in (edge - 1, edge):
+        A = torch.randn(n, 5, dtype=torch.float64)
+        kpca_mod.auto_top(A.unsqueeze(0) @ A.T.unsqueeze(0), 2)
+    assert seen == [("dense", edge - 1), ("krylov", edge)]

@@ -229,7 +229,7 @@ def _check_kpca(device, dtype, solver, sizes, D, d, seed):
     X = _separated_clusters(sizes, D, d, g, gen, dtype).to(device)
     off = offsets_from_sizes(sizes).to(device)
     with _poisoned(), gk.set_backend("triton"):
-        op = "kpca_dense" if solver == "dense" else "kpca_subspace"
+        op = f"kpca_{solver}"
         assert gk._dispatch.resolve(op, X.device.type) == "triton"
         fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
     # the float64 dense solve is the oracle for both solvers
@@ -360,7 +360,7 @@ def _check_dispatch(device):
     """set_backend("triton") routes every Triton op here; auto never picks Triton (no op has a
     recorded GPU win yet)."""
     triton_ops = [op for op, b in gk._dispatch.registered_ops().items() if "triton" in b]
-    assert set(triton_ops) == {"rbf_gram", "rbf_matmul", "kpca_dense", "kpca_subspace",
+    assert set(triton_ops) == {"rbf_gram", "rbf_matmul", "kpca_dense", "kpca_subspace", "kpca_auto",
                                "project_onto_basis", "preimage_gd", "preimage_fixed_point",
                                "kmeans"}
     with gk.set_backend("triton"):
@@ -415,7 +415,7 @@ def test_segmented_gram(device, dtype, sizes, center, seed, run):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("solver", ("dense", "subspace"))
+@pytest.mark.parametrize("solver", ("dense", "subspace", "auto"))
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_kpca_matches_reference(device, dtype, solver, seed, run):
     # sizes 70 and 33 share a size bucket, 7 and 4 another: two fused launches; 70 points with

@@ -16,11 +16,18 @@ from .. import _dispatch, _validate
 from .rbf import _sqdist, double_center, gram_reference
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
-# auto -> subspace: it hands small clusters (block >= n/3) to dense itself, and size buckets
-# whose stored Grams would exceed GRAM_BUDGET_BYTES to the matrix-free solver; measured in
-# benchmarks/test_client_pipeline.py (3 x 1,700 points: see README).
-_SOLVER_OP = {"auto": "kpca_subspace", "subspace": "kpca_subspace", "dense": "kpca_dense",
+# auto: dense for size buckets below DENSE_BELOW_BLOCKS blocks of the Krylov solver, subspace
+# above, matrix-free for buckets whose stored Grams would exceed GRAM_BUDGET_BYTES.
+_SOLVER_OP = {"auto": "kpca_auto", "subspace": "kpca_subspace", "dense": "kpca_dense",
               "matrix_free": "kpca_matrix_free"}
+# Crossover measured on the 2-core CPU (benchmarks/NOTES.md, kpca entry), batches of ~2,400
+# points, D = 512: d = 8 (block k = 16) dense 1.7x faster at n = 200, even at 300, 1.35x
+# slower at 400; d = 2 (k = 10) even near n = 120, 1.2x slower at 150. Dense below 16 k.
+DENSE_BELOW_BLOCKS = 16
+# LAPACK solves a CPU batch one matrix at a time, so zero padding is pure extra work there (a
+# dense eigh grows as n^3): CPU buckets pad by at most 10% (200 clusters of 50-300 points, one
+# call: ratio 2 measured 0.62 s, slower than 200 separate calls at 0.47 s). Other devices: 2x.
+CPU_BUCKET_RATIO = 1.1
 # Stored zero-padded centred Grams of one size bucket above this go matrix-free (the Gram is
 # recomputed by rbf_matmul at every Krylov step instead: ~8x the Gram's flops, O(n k) memory).
 GRAM_BUDGET_BYTES = 2 << 30
@@ -60,12 +67,12 @@ def sign_fix(U: torch.Tensor) -> torch.Tensor:
     return U * torch.where(s == 0, torch.ones_like(s), s)
 
 
-def _buckets(sizes: list[int]) -> list[list[int]]:
-    """Group clusters so each padded batch wastes at most 2x per side (4x memory) over its smallest."""
+def _buckets(sizes: list[int], ratio: float = 2.0) -> list[list[int]]:
+    """Group clusters so each padded batch is at most ``ratio`` x its smallest member per side."""
     order = sorted(range(len(sizes)), key=lambda j: -sizes[j])
     out: list[list[int]] = []
     for j in order:
-        if out and sizes[out[-1][0]] <= 2 * sizes[j]:
+        if out and sizes[out[-1][0]] <= ratio * sizes[j]:
             out[-1].append(j)
         else:
             out.append([j])
@@ -73,31 +80,35 @@ def _buckets(sizes: list[int]) -> list[list[int]]:
 
 
 def dense_top(Kc: torch.Tensor, d: int):
-    """Top-d eigenpairs (descending) of a batch of symmetric (B, n, n) by full eigh."""
+    """Top-d eigenpairs (descending) of a batch of symmetric (B, n, n) by full eigh.
+
+    (LAPACK ?syevx for the top d only measured 1.5-2.9x faster than torch's full eigh in
+    isolation at n = 175-300, but slower inside kpca: scipy's OpenBLAS threads and torch's
+    OpenMP threads contend, see benchmarks/NOTES.md. So: torch.)"""
     mu, U = torch.linalg.eigh(Kc)  # ascending
     return mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
 
 
 def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max_depth: int = 8,
-                     max_restarts: int = 30):
+                     max_restarts: int = 30, block: int | None = None, checks=(4, 6)):
     """Top-d eigenpairs of a batch of symmetric PSD operators (B, n, n) given only ``apply``
     (float64 (B, n, k) -> float64 (B, n, k), the operator times a block).
 
-    Randomized block Krylov (block Lanczos with full reorthogonalisation, block size
-    k = max(2d, d + 8)) with Rayleigh-Ritz after 4, 6 and 8 blocks: K Q of the whole Krylov basis
+    Randomized block Krylov (block Lanczos with full reorthogonalisation, block size ``block``,
+    default k = max(2d, d + 8)) with Rayleigh-Ritz after ``checks`` blocks and at max_depth: K Q of the whole Krylov basis
     is the products already made, so the Rayleigh quotient costs no extra pass over K. Converged
     when every residual |K u_i - mu_i u_i| <= tol * mu_1; otherwise restarted from the top-k Ritz
     vectors. Returns float64 (mu (B, d), U (B, n, d)), or None after ``max_restarts`` passes.
     The basis is kept transposed (blocks as rows) so growing it needs no copies.
     """
     f64 = torch.float64
-    k = min(n, max(2 * d, d + 8))
+    k = min(n, block or max(2 * d, d + 8))
     depth = max(1, min(max_depth, n // k))
     QT = torch.empty(Bsz, depth * k, n, dtype=f64, device=device)  # Krylov basis, transposed
     WT = torch.empty_like(QT)  # K times the basis, transposed
     gen = torch.Generator(device=device).manual_seed(0)
     Y = torch.linalg.qr(torch.randn(Bsz, n, k, generator=gen, dtype=f64, device=device)).Q
-    checks = {min(4, depth), min(6, depth), depth}
+    checks = {min(c, depth) for c in checks} | {depth}
     for _ in range(max_restarts):
         for i in range(depth):
             a, b = i * k, (i + 1) * k
@@ -143,6 +154,12 @@ def subspace_top(Kc: torch.Tensor, d: int, *, max_restarts: int = 30):
     if out is None:
         return dense_top(Kc, d)
     return out[0].to(Kc.dtype), out[1].to(Kc.dtype)
+
+
+def auto_top(Kc: torch.Tensor, d: int):
+    """The measured choice: dense eigh for small matrices, block Krylov for large ones."""
+    k = min(Kc.shape[-1], max(2 * d, d + 8))
+    return dense_top(Kc, d) if Kc.shape[-1] < DENSE_BELOW_BLOCKS * k else subspace_top(Kc, d)
 
 
 def eigenpairs_from_centred_grams(Kc: torch.Tensor, colmeans: list, sizes: list, n_components: int,
@@ -196,9 +213,9 @@ def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
     eigenvalues = torch.zeros(m, d, dtype=X.dtype, device=X.device)
     alphas = torch.zeros(N, d, dtype=X.dtype, device=X.device)
     mean_proj = torch.zeros(m, d, dtype=X.dtype, device=X.device)
-    for bucket in _buckets(sizes):
+    for bucket in _buckets(sizes, CPU_BUCKET_RATIO if X.device.type == "cpu" else 2.0):
         nmax = sizes[bucket[0]]
-        if top is subspace_top and len(bucket) * nmax * nmax * X.element_size() > GRAM_BUDGET_BYTES:
+        if top is not dense_top and len(bucket) * nmax * nmax * X.element_size() > GRAM_BUDGET_BYTES:
             for j in bucket:  # too large to store: matrix-free, one cluster at a time
                 eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
                     X[off[j]:off[j + 1]], d, gamma)
@@ -271,9 +288,14 @@ def kpca_subspace_reference(X, offsets, n_components: int, gamma: float):
     return _kpca_reference(X, offsets, n_components, gamma, subspace_top)
 
 
+def kpca_auto_reference(X, offsets, n_components: int, gamma: float):
+    return _kpca_reference(X, offsets, n_components, gamma, auto_top)
+
+
 _dispatch.register("kpca_dense", "reference")(kpca_dense_reference)
 _dispatch.register("kpca_subspace", "reference")(kpca_subspace_reference)
 _dispatch.register("kpca_matrix_free", "reference")(kpca_matrix_free_reference)
+_dispatch.register("kpca_auto", "reference")(kpca_auto_reference)
 
 
 def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: float,
@@ -285,8 +307,8 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
     solver: "dense" (full batched eigh of the zero-padded centred Grams), "subspace" (top-d
     randomized block Krylov with Rayleigh-Ritz and a residual check on the stored Grams; dense
     for small clusters), "matrix_free" (the same iteration with the Gram never stored: each step
-    is an ``rbf_matmul``), "auto" (= subspace, which goes matrix-free for size buckets whose
-    Grams would exceed GRAM_BUDGET_BYTES).
+    is an ``rbf_matmul``), "auto" (per size bucket: dense below DENSE_BELOW_BLOCKS Krylov blocks,
+    subspace above, matrix-free where the Grams would exceed GRAM_BUDGET_BYTES; measured).
     """
     X = _validate.tensor("X", X, ndim=2)
     offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ... import _dispatch
-from ...ops.kpca import _buckets, dense_top, eigenpairs_from_centred_grams, subspace_top
+from ...ops.kpca import _buckets, auto_top, dense_top, eigenpairs_from_centred_grams, subspace_top
 from . import _common as C
 from .rbf import _sqdist_tile, sym_gram
 
@@ -124,8 +124,13 @@ def kpca_dense(X, offsets, n_components: int, gamma: float, precision: str = "ie
 
 
 def kpca_subspace(X, offsets, n_components: int, gamma: float, precision: str = "ieee"):
-    """Same contract as geomkern.ops.kpca.kpca_subspace_reference (block subspace iteration)."""
+    """Same contract as geomkern.ops.kpca.kpca_subspace_reference (block Krylov iteration)."""
     return _kpca(X, offsets, n_components, gamma, subspace_top, precision)
+
+
+def kpca_auto(X, offsets, n_components: int, gamma: float, precision: str = "ieee"):
+    """Same contract as geomkern.ops.kpca.kpca_auto_reference (dense or Krylov by size)."""
+    return _kpca(X, offsets, n_components, gamma, auto_top, precision)
 
 
 def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = "ieee"):
@@ -150,4 +155,5 @@ def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = "ie
 
 _dispatch.register("kpca_dense", "triton")(kpca_dense)
 _dispatch.register("kpca_subspace", "triton")(kpca_subspace)
+_dispatch.register("kpca_auto", "triton")(kpca_auto)
 _dispatch.register("project_onto_basis", "triton")(project_onto_basis)
