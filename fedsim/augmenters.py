@@ -104,10 +104,10 @@ class FedMCAugmenter(Augmenter):
     (fill each held class up to ``target_per_class``), or ``n_per_sample`` per local sample."""
 
     name = "fedmc"
-    defaults = {"n_prototypes": 10, "n_base": 128, "n_clusters": 8, "n_components": 4, "n_entries": 32,
+    defaults = {"n_prototypes": 32, "n_base": 256, "n_clusters": 8, "n_components": 4, "n_entries": 32,
                 "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": 1.0,
                 "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
-                "formulation": "consistent", "steps": None}
+                "formulation": "consistent", "steps": None, "anchored": True}
 
     def setup(self, clients, *, n_classes, seed):
         p = self.p
@@ -143,7 +143,8 @@ class FedMCAugmenter(Augmenter):
         if rows.numel() == 0:
             return data.x[:0], data.y[:0]
         Z = fedmc.calibrate(data.x[rows].cpu(), self.dictionary, self.B, formulation=p["formulation"],
-                            method=p["method"], scale=p["scale"], steps=p["steps"], generator=generator)
+                            method=p["method"], scale=p["scale"], steps=p["steps"], anchored=p["anchored"],
+                            generator=generator)
         return Z.to(data.x.device), data.y[rows]
 
 

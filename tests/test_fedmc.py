@@ -147,6 +147,21 @@ def test_calibrate_scale_zero_returns_inputs_and_is_reproducible(pipeline):
     assert not torch.equal(a, c)
 
 
+def test_anchored_calibration_is_the_perturbation_only(pipeline):
+    """anchored (default): x + z(T) - z(T0). With scale 0 that is x; in general it equals the
+    unanchored sample minus the unanchored scale-0 sample (the fixed point's own pull), plus x."""
+    X, B, gamma, lgds, D = pipeline
+    x = X[::30]
+    zero = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point")
+    torch.testing.assert_close(zero, x, rtol=0, atol=1e-12)
+    pulled = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point", anchored=False)
+    assert float((pulled - x).norm(dim=1).mean()) > 1e-3  # the pull that anchoring removes
+    a = fedmc.calibrate(x, D, B, method="fixed_point", generator=torch.Generator().manual_seed(3))
+    u = fedmc.calibrate(x, D, B, method="fixed_point", anchored=False, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(a, x + (u - pulled), rtol=0, atol=1e-10)
+    assert float((a - x).norm(dim=1).mean()) > 0
+
+
 def test_calibrate_errors(pipeline):
     X, B, gamma, lgds, D = pipeline
     with pytest.raises(ValueError, match="gamma"):
