@@ -217,11 +217,11 @@ def run(size: str = "full", *, seed: int = 0, gamma="median", noise: float = 0.0
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'manifold':<11} {'D':>3}  {'method':<30} {'ratio':>7} {'vs ggeur':>9} {'disp':>7} {'target':>7}"]
+    lines = [f"{'manifold':<11} {'D':>3}  {'method':<38} {'ratio':>7} {'vs ggeur':>9} {'disp':>7} {'target':>7}"]
     ggeur_ratio = {(r["manifold"], r["D"]): r["ratio"] for r in rows if r["method"] == "ggeur"}
     for r in rows:
         rel = r["ratio"] / ggeur_ratio[(r["manifold"], r["D"])]
-        lines.append(f"{r['manifold']:<11} {r['D']:>3}  {r['method']:<30} {r['ratio']:>7.3f} {rel:>8.2f}x "
+        lines.append(f"{r['manifold']:<11} {r['D']:>3}  {r['method']:<38} {r['ratio']:>7.3f} {rel:>8.2f}x "
                      f"{r['mean_displacement']:>7.3f} {r['target_displacement']:>7.3f}")
     return "\n".join(lines)
 
