@@ -20,7 +20,7 @@ _HOW_TO_GET = {
         "with `pip install --no-build-isolation .` (needs a C++ compiler and torch installed first)"
     ),
     "triton": "install triton: `pip install triton` (or `pip install geomkern[triton]`)",
-    "cupy": "no op has a CuPy path in this version of geomkern",
+    "cupy": "install CuPy for your CUDA (`pip install cupy-cuda12x`); it serves gk.eigh on CUDA tensors",
 }
 
 
@@ -63,6 +63,11 @@ def _backend_is_built(name: str) -> tuple[bool, str]:
         from .backends import native
 
         return native.is_available(), native.load_error()
+    if name == "cupy":
+        from .backends import cupy
+
+        if not cupy.is_available():
+            return False, cupy.load_error()
     if name == "triton":
         from .backends import triton
 
@@ -126,7 +131,8 @@ class _BackendContext:
 
 
 def set_backend(name: str) -> _BackendContext:
-    """Choose the backend: ``"auto"`` (default), ``"reference"``, ``"native"``, ``"triton"``.
+    """Choose the backend: ``"auto"`` (default), ``"reference"``, ``"native"``, ``"triton"``,
+    ``"cupy"`` (``gk.eigh`` on CUDA only).
 
     Works as a plain call (stays in force) and as ``with gk.set_backend("native"): ...``.
     The environment variable ``GEOMKERN_BACKEND`` sets the initial choice.
@@ -180,4 +186,4 @@ def registered_ops() -> dict[str, tuple[str, ...]]:
 
 def _ensure_loaded():
     # Fast backends register themselves on import; importing is cheap and idempotent.
-    from .backends import native, triton  # noqa: F401
+    from .backends import cupy, native, triton  # noqa: F401

@@ -95,7 +95,7 @@ def test_unknown_and_unavailable_backends():
         with pytest.raises(RuntimeError, match="backend 'triton' is not available"):
             gk.set_backend("triton")
     if "cupy" not in gk.available_backends():
-        with pytest.raises(RuntimeError, match="backend 'cupy' is not available"):
+        with pytest.raises(RuntimeError, match="backend 'cupy' is not available.*pip install cupy-cuda12x"):
             gk.set_backend("cupy")
 
 
