@@ -296,8 +296,8 @@ def calibrate(X: torch.Tensor, dictionary: GeometryDictionary, B: torch.Tensor, 
     fixed-point iteration lands in the span of B: on MiniLM embeddings |z(T0) - x| was 0.79 for
     unit-norm x, whatever the scale) cancels and only the perturbation moves the sample (measured
     in benchmarks/fedmc_defaults.py; gd and coordinates already have z(T0) = x). The loss
-    returned is that of the solve for T. Returns (b * n_per_sample, D) rows in the order of X repeated, and the
-    per-sample pre-image loss when ``return_loss``.
+    returned is that of the solve for T. Returns (b * n_per_sample, D) rows in the order of X
+    repeated, and the per-sample pre-image loss when ``return_loss``.
     """
     X = _validate.tensor("X", X, ndim=2)
     B = _validate.tensor("B", B, ndim=2)

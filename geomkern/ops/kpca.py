@@ -22,7 +22,7 @@ _SOLVER_OP = {"auto": "kpca_auto", "subspace": "kpca_subspace", "dense": "kpca_d
               "matrix_free": "kpca_matrix_free"}
 # Crossover measured on the 2-core CPU (benchmarks/NOTES.md, kpca entry), batches of ~2,400
 # points, D = 512: d = 8 (block k = 16) dense 1.7x faster at n = 200, even at 300, 1.35x
-# slower at 400; d = 2 (k = 10) even near n = 120, 1.2x slower at 150. Dense below 16 k.
+# slower at 400; d = 2 (k = 10) dense 1.2x faster at n = 100, 1.2x slower at 150. Dense below 16 k.
 DENSE_BELOW_BLOCKS = 16
 # LAPACK solves a CPU batch one matrix at a time, so zero padding is pure extra work there (a
 # dense eigh grows as n^3): CPU buckets pad by at most 10% (200 clusters of 50-300 points, one
@@ -95,8 +95,9 @@ def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max
     (float64 (B, n, k) -> float64 (B, n, k), the operator times a block).
 
     Randomized block Krylov (block Lanczos with full reorthogonalisation, block size ``block``,
-    default k = max(2d, d + 8)) with Rayleigh-Ritz after ``checks`` blocks and at max_depth: K Q of the whole Krylov basis
-    is the products already made, so the Rayleigh quotient costs no extra pass over K. Converged
+    default k = max(2d, d + 8)) with Rayleigh-Ritz after ``checks`` blocks and at ``max_depth``:
+    K Q of the whole Krylov basis is the products already made, so the Rayleigh quotient costs
+    no extra pass over K. Converged
     when every residual |K u_i - mu_i u_i| <= tol * mu_1; otherwise restarted from the top-k Ritz
     vectors. Returns float64 (mu (B, d), U (B, n, d)), or None after ``max_restarts`` passes.
     The basis is kept transposed (blocks as rows) so growing it needs no copies.
