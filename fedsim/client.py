@@ -13,6 +13,7 @@ def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size:
     model = ctx.model
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=momentum, weight_decay=weight_decay)
+    ctx.momentum = momentum
     algo.begin_client(ctx)
     n = ctx.x.shape[0]
     total, count = 0.0, 0

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from fedsim.algorithms import ALGORITHMS, build_algorithm
 from fedsim.algorithms.base import ClientContext, ClientUpdate, params_of
 from fedsim.algorithms.fedntd import not_true_logits
+from fedsim.algorithms.scaffold import effective_steps
 from fedsim.client import local_train
 from fedsim.models import build_model
 
@@ -162,6 +163,22 @@ def test_fedavgm_with_momentum_0_and_server_lr_1_equals_fedavg(name, hp, seed):
 
 
 # ---------------------------------------------------------------------------------------- SCAFFOLD
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("k", [1, 3, 12])
+def test_scaffold_effective_steps_recover_a_constant_gradient(momentum, k):
+    """Option II divides the local displacement by K_eff lr: under a constant gradient g, torch's
+    SGD with heavy-ball momentum moves w by exactly K_eff lr g, so c_i+ = g (with K lr it was
+    K_eff / K times too large: 4.1x at momentum 0.9, K = 10)."""
+    g = torch.tensor([0.3, -1.7, 2.0], dtype=torch.float64)
+    w = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.05, momentum=momentum)
+    for _ in range(k):
+        opt.zero_grad()
+        (w * g).sum().backward()
+        opt.step()
+    torch.testing.assert_close(-w.detach() / (effective_steps(k, momentum) * 0.05), g)
+
+
 def test_scaffold_control_variates_follow_option_2(seed):
     clients, _ = make_problem(seed)
     p0 = start_params("mlp", clients, seed)
@@ -176,8 +193,10 @@ def test_scaffold_control_variates_follow_option_2(seed):
     for u, ctx in zip(updates, ctxs):
         assert ctx.steps == math.ceil(len(ctx.y) / BATCH)
         assert u.upload_bytes() == 2 * nbytes(p0)  # w_i and delta_c_i
-        for k in p0:  # c = c_i = 0: delta_c_i = c_i+ = (w_global - w_i) / (K lr)
-            torch.testing.assert_close(u.extras[f"delta_c/{k}"], (p0[k] - u.params[k]) / (ctx.steps * LR))
+        assert ctx.momentum == 0.9  # local_train's default
+        k_eff = effective_steps(ctx.steps, 0.9)
+        for k in p0:  # c = c_i = 0: delta_c_i = c_i+ = (w_global - w_i) / (K_eff lr)
+            torch.testing.assert_close(u.extras[f"delta_c/{k}"], (p0[k] - u.params[k]) / (k_eff * LR))
     new = algo.aggregate(p0, updates, n_clients=N_CLIENTS)
     w = [len(c.y) for c in ctxs]
     state = algo.state_dict()

@@ -30,6 +30,7 @@ class ClientContext:
     n_classes: int
     lr: float
     steps: int = 0  # optimiser steps taken (filled in by the loop)
+    momentum: float = 0.0  # the local optimiser's heavy-ball momentum (set by the loop)
     scratch: dict = field(default_factory=dict)  # per-update working state of the algorithm
 
 

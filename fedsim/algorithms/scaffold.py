@@ -2,8 +2,11 @@
 
 Client i keeps c_i, the server keeps c (both start at zero, one tensor per model entry). Every
 local step follows g + (c - c_i). After K local steps at rate lr the client sets (option II)
-c_i+ = c_i - c + (w_global - w_local) / (K lr) and uploads delta_c_i = c_i+ - c_i with its
-weights. The server moves w <- w + global_lr (avg_i w_i - w) (avg sample-weighted, as FedAvg)
+c_i+ = c_i - c + (w_global - w_local) / (K_eff lr) and uploads delta_c_i = c_i+ - c_i with its
+weights. K_eff = K for plain SGD (the paper's option II); with heavy-ball momentum beta (torch's
+SGD: v_t = beta v_{t-1} + g_t, w -= lr v_t) the same K steps move w by lr sum_t (1 - beta^t) /
+(1 - beta) times a constant gradient, so K_eff is that sum and c_i+ is again the mean corrected
+gradient (K lr alone over-stated it 4.1x at beta 0.9 and K = 10, up to 1 / (1 - beta)). The server moves w <- w + global_lr (avg_i w_i - w) (avg sample-weighted, as FedAvg)
 and c <- c + (|S|/N) mean_i delta_c_i. Downloads carry w and c; uploads w_i and delta_c_i.
 """
 from __future__ import annotations
@@ -13,6 +16,15 @@ import torch
 from . import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots, float_keys, mean_extra, put, put_clients, take, take_clients
+
+
+def effective_steps(k: int, momentum: float) -> float:
+    """sum_{t=1..k} (1 - beta^t) / (1 - beta): how many lr-sized steps k heavy-ball steps take
+    along a constant gradient (k for beta = 0)."""
+    if momentum == 0.0:
+        return float(k)
+    b = momentum
+    return (k - b * (1.0 - b ** k) / (1.0 - b)) / (1.0 - b)
 
 
 @register
@@ -54,7 +66,7 @@ class Scaffold(Algorithm):
         if ctx.steps == 0:  # no data, no step: nothing learnt about this client's drift
             c_new = {k: v.clone() for k, v in c_old.items()}
         else:
-            scale = 1.0 / (ctx.steps * ctx.lr)
+            scale = 1.0 / (effective_steps(ctx.steps, ctx.momentum) * ctx.lr)
             c_new = {k: c_old[k] - c[k] + (ctx.global_params[k] - local[k].detach()) * scale for k in c}
         self.c_i[ctx.cid] = c_new
         return {f"delta_c/{k}": c_new[k] - c_old[k] for k in c}
