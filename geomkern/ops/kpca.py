@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _dispatch, _validate
-from .rbf import _sqdist, double_center, gram_reference
+from .rbf import _sqdist, double_center, double_center_, gram_reference
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
 # auto: dense for size buckets below DENSE_BELOW_BLOCKS blocks of the Krylov solver, subspace
@@ -230,7 +230,7 @@ def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
             # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
             K = gram_reference(Xj - Xj.mean(0), None, gamma, False)
             colmeans.append(K.mean(0))
-            Kc[t, :sizes[j], :sizes[j]] = double_center(K)
+            double_center_(Kc[t, :sizes[j], :sizes[j]].copy_(K))
         mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(
             Kc, colmeans, [sizes[j] for j in bucket], d, top)
         for t, j in enumerate(bucket):
@@ -366,7 +366,7 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
         rows = torch.nonzero(seg == j).squeeze(1)
         Xj = X[off[j]:off[j + 1]]
         mu = Xj.mean(0)  # distances from the cluster, not the origin: as in the fit (roundoff)
-        Kz = torch.exp(_sqdist(Z[rows] - mu, Xj - mu).mul_(-g))
+        Kz = _sqdist(Z[rows] - mu, Xj - mu).mul_(-g).exp_()
         out[rows] = Kz @ fit.alphas[off[j]:off[j + 1]] - fit.mean_projection[j]
     return out
 
@@ -378,7 +378,7 @@ def projection_reference(X, alphas, offsets, B, gamma: float) -> torch.Tensor:
     for j in range(m):
         Xj = X[off[j]:off[j + 1]]
         mu = Xj.mean(0)  # distances from the cluster, not the origin: as in the fit (roundoff)
-        Kj = torch.exp(_sqdist(Xj - mu, B - mu).mul_(-gamma))
+        Kj = _sqdist(Xj - mu, B - mu).mul_(-gamma).exp_()
         torch.mm(alphas[off[j]:off[j + 1]].T, Kj, out=out[j])
     return out
 

@@ -24,7 +24,7 @@ _CHUNK = 4096
 
 
 def _kernel(Z: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:
-    return torch.exp(_sqdist(Z, B).mul_(-gamma))
+    return _sqdist(Z, B).mul_(-gamma).exp_()
 
 
 def default_gd_lr(Z0: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:
