@@ -16,8 +16,9 @@ def _sqdist(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """Pairwise squared distances via the GEMM expansion, clamped at 0 (roundoff can go negative)."""
     xx = (X * X).sum(1, keepdim=True)
     yy = (Y * Y).sum(1)
-    d2 = torch.addmm(xx + yy, X, Y.T, alpha=-2.0)
-    return d2.clamp_min_(0.0)
+    d2 = torch.empty(X.shape[0], Y.shape[0], dtype=X.dtype, device=X.device)
+    torch.add(xx, yy, out=d2)
+    return d2.addmm_(X, Y.T, alpha=-2.0).clamp_min_(0.0)  # = addmm(xx + yy, ...), one buffer less
 
 
 def gram_reference(X, Y, gamma: float, center: bool) -> torch.Tensor:
