@@ -221,9 +221,11 @@ def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
                 eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
                     X[off[j]:off[j + 1]], d, gamma)
             continue
-        Kc = torch.zeros(len(bucket), nmax, nmax, dtype=X.dtype, device=X.device)
+        Kc = torch.empty(len(bucket), nmax, nmax, dtype=X.dtype, device=X.device)  # padding zeroed below
         colmeans = []
         for t, j in enumerate(bucket):
+            Kc[t, sizes[j]:].zero_()
+            Kc[t, :sizes[j], sizes[j]:].zero_()
             Xj = X[off[j]:off[j + 1]]
             # The RBF kernel is translation invariant; centring first removes the roundoff of the
             # |x|^2 + |y|^2 - 2<x, y> expansion far from the origin (identical points then give
