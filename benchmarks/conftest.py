@@ -48,6 +48,19 @@ def machine_info() -> dict:
     return info
 
 
+def cuda_bench(benchmark, fn, *args, rounds: int = 5):
+    """pytest-benchmark of ``fn(*args)`` with a CUDA synchronise inside every timed call (one
+    warm-up round), so asynchronous launches are timed to completion. Returns fn's result."""
+    import torch
+
+    def call():
+        out = fn(*args)
+        torch.cuda.synchronize()
+        return out
+
+    return benchmark.pedantic(call, rounds=rounds, warmup_rounds=1)
+
+
 class Recorder:
     def __init__(self, suite: str):
         self.suite = suite

@@ -30,6 +30,7 @@ pytestmark = [
 ]
 
 import geomkern as gk  # noqa: E402
+from conftest import cuda_bench  # noqa: E402
 from geomkern.backends.native import cuda as native_cuda  # noqa: E402
 
 SUITE = "eigh_gpu"
@@ -38,17 +39,8 @@ ROUNDS = 5
 CASES = {"small": (500, 100), "large": (64, 512)}
 
 
-def _synced(fn, *args):
-    def call():
-        out = fn(*args)
-        torch.cuda.synchronize()
-        return out
-
-    return call
-
-
 def _bench(benchmark, fn, *args, rounds=ROUNDS):
-    return benchmark.pedantic(_synced(fn, *args), rounds=rounds, warmup_rounds=1)
+    return cuda_bench(benchmark, fn, *args, rounds=rounds)
 
 
 def _centred_grams(batch: int, n: int, seed: int) -> torch.Tensor:

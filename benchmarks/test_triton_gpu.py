@@ -34,6 +34,7 @@ pytestmark = [
 triton = pytest.importorskip("triton", reason="triton is not importable here: pip install triton")
 
 import geomkern as gk  # noqa: E402
+from conftest import cuda_bench  # noqa: E402
 from geomkern.backends.triton import kpca as tkpca  # noqa: E402
 from geomkern.backends.triton import preimage as tpre  # noqa: E402
 from geomkern.backends.triton import rbf as trbf  # noqa: E402
@@ -56,17 +57,8 @@ def _tf32(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def _synced(fn, *args):
-    def call():
-        out = fn(*args)
-        torch.cuda.synchronize()
-        return out
-
-    return call
-
-
 def _bench(benchmark, fn, *args, rounds=ROUNDS):
-    return benchmark.pedantic(_synced(fn, *args), rounds=rounds, warmup_rounds=1)
+    return cuda_bench(benchmark, fn, *args, rounds=rounds)
 
 
 def _rel(out, ref) -> float:
