@@ -89,13 +89,23 @@ def dense_top(Kc: torch.Tensor, d: int):
     return mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
 
 
+def krylov_block(n: int, d: int) -> int:
+    """Block size of the Krylov solver for d components of an n x n matrix."""
+    return min(n, max(2 * d, d + 8))
+
+
+def krylov_tol(dtype: torch.dtype) -> float:
+    """Residual bound (relative to mu_1) the Krylov solver stops at for inputs of ``dtype``."""
+    return 1e-6 if dtype == torch.float32 else 1e-12
+
+
 def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max_depth: int = 8,
-                     max_restarts: int = 30, block: int | None = None, checks=(4, 6)):
+                     max_restarts: int = 30):
     """Top-d eigenpairs of a batch of symmetric PSD operators (B, n, n) given only ``apply``
     (float64 (B, n, k) -> float64 (B, n, k), the operator times a block).
 
-    Randomized block Krylov (block Lanczos with full reorthogonalisation, block size ``block``,
-    default k = max(2d, d + 8)) with Rayleigh-Ritz after ``checks`` blocks and at ``max_depth``:
+    Randomized block Krylov (block Lanczos with full reorthogonalisation, block size
+    k = krylov_block(n, d)) with Rayleigh-Ritz after 4, 6 and ``max_depth`` blocks:
     K Q of the whole Krylov basis is the products already made, so the Rayleigh quotient costs
     no extra pass over K. Converged
     when every residual |K u_i - mu_i u_i| <= tol * mu_1; otherwise restarted from the top-k Ritz
@@ -103,13 +113,13 @@ def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max
     The basis is kept transposed (blocks as rows) so growing it needs no copies.
     """
     f64 = torch.float64
-    k = min(n, block or max(2 * d, d + 8))
+    k = krylov_block(n, d)
     depth = max(1, min(max_depth, n // k))
     QT = torch.empty(Bsz, depth * k, n, dtype=f64, device=device)  # Krylov basis, transposed
     WT = torch.empty_like(QT)  # K times the basis, transposed
     gen = torch.Generator(device=device).manual_seed(0)
     Y = torch.linalg.qr(torch.randn(Bsz, n, k, generator=gen, dtype=f64, device=device)).Q
-    checks = {min(c, depth) for c in checks} | {depth}
+    checks = {min(4, depth), min(6, depth), depth}
     for _ in range(max_restarts):
         for i in range(depth):
             a, b = i * k, (i + 1) * k
@@ -146,12 +156,10 @@ def subspace_top(Kc: torch.Tensor, d: int, *, max_restarts: int = 30):
     below those). Dense when the block is a sizeable part of the matrix or if it does not converge.
     """
     Bsz, n, _ = Kc.shape
-    k = min(n, max(2 * d, d + 8))
-    if 3 * k > n:  # the block is a sizeable part of the matrix: dense is cheaper and exact
+    if 3 * krylov_block(n, d) > n:  # the block is a sizeable part of the matrix: dense is cheaper and exact
         return dense_top(Kc, d)
-    tol = 1e-6 if Kc.dtype == torch.float32 else 1e-12
     out = block_krylov_top(lambda Y: (Kc @ Y.to(Kc.dtype)).to(torch.float64), Bsz, n, d,
-                           device=Kc.device, tol=tol, max_restarts=max_restarts)
+                           device=Kc.device, tol=krylov_tol(Kc.dtype), max_restarts=max_restarts)
     if out is None:
         return dense_top(Kc, d)
     return out[0].to(Kc.dtype), out[1].to(Kc.dtype)
@@ -159,8 +167,8 @@ def subspace_top(Kc: torch.Tensor, d: int, *, max_restarts: int = 30):
 
 def auto_top(Kc: torch.Tensor, d: int):
     """The measured choice: dense eigh for small matrices, block Krylov for large ones."""
-    k = min(Kc.shape[-1], max(2 * d, d + 8))
-    return dense_top(Kc, d) if Kc.shape[-1] < DENSE_BELOW_BLOCKS * k else subspace_top(Kc, d)
+    n = Kc.shape[-1]
+    return dense_top(Kc, d) if n < DENSE_BELOW_BLOCKS * krylov_block(n, d) else subspace_top(Kc, d)
 
 
 def eigenpairs_from_centred_grams(Kc: torch.Tensor, colmeans: list, sizes: list, n_components: int,
@@ -232,7 +240,7 @@ def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
             # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
             K = gram_reference(Xj - Xj.mean(0), None, gamma, False)
             colmeans.append(K.mean(0))
-            double_center_(Kc[t, :sizes[j], :sizes[j]].copy_(K))
+            Kc[t, :sizes[j], :sizes[j]] = double_center_(K)  # means over contiguous K, as before
         mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(
             Kc, colmeans, [sizes[j] for j in bucket], d, top)
         for t, j in enumerate(bucket):
@@ -247,9 +255,8 @@ def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
     Kc = H K H to a block through ``rbf_matmul`` (the Triton flash-style kernel on CUDA).
     Returns (eigenvalues (d,), alphas (n, d), mean_projection (d,))."""
     n = Xj.shape[0]
-    k = min(n, max(2 * d, d + 8))
     Xc = Xj - Xj.mean(0)  # translation invariance; as the stored path does (roundoff)
-    if 3 * k > n:  # small: the Gram is tiny, the dense solve exact
+    if 3 * krylov_block(n, d) > n:  # small: the Gram is tiny, the dense solve exact
         K = gram_reference(Xc, None, gamma, False)
         mu, alphas, mp = eigenpairs_from_centred_grams(double_center(K).unsqueeze(0), [K.mean(0)], [n], d)
         return mu[0], alphas[0], mp[0]
@@ -261,8 +268,7 @@ def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
         KV = matmul(Xc, Xc, V - V.mean(0), gamma)
         return (KV - KV.mean(0)).to(torch.float64).unsqueeze(0)
 
-    tol = 1e-6 if dt == torch.float32 else 1e-12
-    out = block_krylov_top(apply, 1, n, d, device=Xj.device, tol=tol)
+    out = block_krylov_top(apply, 1, n, d, device=Xj.device, tol=krylov_tol(dt))
     colmean = matmul(Xc, Xc, torch.full((n, 1), 1.0 / n, dtype=dt, device=Xj.device), gamma)[:, 0]
     if out is None:
         raise RuntimeError(f"matrix-free kpca did not converge on a cluster of {n} points; "
