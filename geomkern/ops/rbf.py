@@ -38,14 +38,12 @@ def gram_reference(X, Y, gamma: float, center: bool) -> torch.Tensor:
 
 
 def double_center(K: torch.Tensor) -> torch.Tensor:
-    """H K H with H = I - 11^T/n, for a symmetric (..., n, n) K."""
-    col = K.mean(-2, keepdim=True)
-    row = K.mean(-1, keepdim=True)
-    return K - col - row + K.mean((-2, -1), keepdim=True)
+    """H K H with H = I - 11^T/n, for a symmetric (..., n, n) K (a new tensor)."""
+    return double_center_(K.clone())
 
 
 def double_center_(K: torch.Tensor) -> torch.Tensor:
-    """:func:`double_center` in place (same operations in the same order, so the same bits)."""
+    """:func:`double_center` in place: ((K - col means) - row means) + overall mean."""
     col = K.mean(-2, keepdim=True)
     row = K.mean(-1, keepdim=True)
     mean = K.mean((-2, -1), keepdim=True)
