@@ -70,10 +70,13 @@ def pool_moments(counts: torch.Tensor, means: torch.Tensor, covs: torch.Tensor):
     return counts.sum(0), mu, cov
 
 
+def top_eigenpairs(vals: torch.Tensor, vecs: torch.Tensor, k: int):
+    """Ascending eigh output -> the top k, descending, in the public sign convention."""
+    return vals.flip(-1)[..., :k], sign_fix(vecs.flip(-1)[..., :k])
+
+
 def eigh_reference(A, k):
-    vals, vecs = torch.linalg.eigh(A)
-    vals, vecs = vals.flip(-1)[..., :k], vecs.flip(-1)[..., :k]
-    return vals, sign_fix(vecs)
+    return top_eigenpairs(*torch.linalg.eigh(A), k)
 
 
 _dispatch.register("eigh", "reference")(eigh_reference)

@@ -31,12 +31,12 @@ def eigh(A, k: int):
     """Same contract as geomkern.ops.moments.eigh_reference, for CUDA tensors."""
     import torch
 
-    from ...ops.kpca import sign_fix
+    from ...ops.moments import top_eigenpairs
 
     with cupy.cuda.Device(A.device.index or 0):
         w, V = cupy.linalg.eigh(cupy.from_dlpack(A.detach().contiguous()))
         vals, vecs = torch.from_dlpack(w), torch.from_dlpack(V)
-    return vals.flip(-1)[..., :k], sign_fix(vecs.flip(-1)[..., :k])
+    return top_eigenpairs(vals, vecs, k)
 
 
 if cupy is not None:
