@@ -37,19 +37,42 @@ def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.element_size() * t.numel() for t in tensors)
 
 
-def _from_dict(cls, d, keys: tuple[str, ...]):
-    if not isinstance(d, dict):
-        raise TypeError(f"{cls.__name__}.from_dict expects a dict of tensors, got {type(d).__name__}")
-    missing = [k for k in keys if k not in d]
-    extra = [k for k in d if k not in keys]
-    if missing or extra:
-        raise ValueError(f"{cls.__name__}.from_dict needs exactly the keys {keys}; "
-                         f"missing {missing}, unexpected {extra}")
-    return cls(**{k: d[k] for k in keys})
+class _PerClassTensors:
+    """Shared by the two exchanged containers: tensors named in ``_KEYS``, one row per class."""
+
+    _KEYS: tuple[str, ...] = ()
+
+    @property
+    def n_classes(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[1]
+
+    def nbytes(self) -> int:
+        """Size in bytes of the tensors as stored (dense: covariances are not packed)."""
+        return _nbytes(*(getattr(self, k) for k in self._KEYS))
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        """Plain tensors, e.g. for ``safetensors.torch.save(obj.to_dict())``."""
+        return {k: getattr(self, k) for k in self._KEYS}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, torch.Tensor]):
+        keys = cls._KEYS
+        if not isinstance(d, dict):
+            raise TypeError(f"{cls.__name__}.from_dict expects a dict of tensors, got {type(d).__name__}")
+        missing = [k for k in keys if k not in d]
+        extra = [k for k in d if k not in keys]
+        if missing or extra:
+            raise ValueError(f"{cls.__name__}.from_dict needs exactly the keys {keys}; "
+                             f"missing {missing}, unexpected {extra}")
+        return cls(**{k: d[k] for k in keys})
 
 
 @dataclass(eq=False)
-class ClassStatistics:
+class ClassStatistics(_PerClassTensors):
     """What one client uploads: per-class counts (C,) int64, means (C, D), biased covs (C, D, D).
 
     Classes the client does not hold have count 0 (and zero mean and covariance).
@@ -63,29 +86,9 @@ class ClassStatistics:
     def __post_init__(self):
         self.counts, self.means, self.covs = _check_statistics("statistics", self)
 
-    @property
-    def n_classes(self) -> int:
-        return self.means.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.means.shape[1]
-
-    def nbytes(self) -> int:
-        """Upload size in bytes of the three tensors as stored (dense; covs are not packed)."""
-        return _nbytes(self.counts, self.means, self.covs)
-
-    def to_dict(self) -> dict[str, torch.Tensor]:
-        """Plain tensors, e.g. for ``safetensors.torch.save(stats.to_dict())``."""
-        return {k: getattr(self, k) for k in self._KEYS}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, torch.Tensor]) -> "ClassStatistics":
-        return _from_dict(cls, d, cls._KEYS)
-
 
 @dataclass(eq=False)
-class GlobalGeometry:
+class GlobalGeometry(_PerClassTensors):
     """What the server sends back: per class c the pooled count, mean and covariance eigenbasis.
 
     counts (C,) int64; means (C, D); eigenvalues (C, K) descending, >= 0 (variances along the
@@ -102,14 +105,6 @@ class GlobalGeometry:
     def __post_init__(self):
         self.counts, self.means, self.eigenvalues, self.eigenvectors = _check_geometry("geometry", self)
 
-    @property
-    def n_classes(self) -> int:
-        return self.means.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.means.shape[1]
-
     def covariances(self) -> torch.Tensor:
         """(C, D, D) = Xi diag(lambda) Xi^T: the pooled covariances (their top-K part if truncated)."""
         return (self.eigenvectors * self.eigenvalues.unsqueeze(1)) @ self.eigenvectors.mT
@@ -119,17 +114,6 @@ class GlobalGeometry:
         return GlobalGeometry(self.counts.to(device), self.means.to(device, dtype),
                               self.eigenvalues.to(device, dtype), self.eigenvectors.to(device, dtype))
 
-    def nbytes(self) -> int:
-        """Download size in bytes of the four tensors as stored."""
-        return _nbytes(self.counts, self.means, self.eigenvalues, self.eigenvectors)
-
-    def to_dict(self) -> dict[str, torch.Tensor]:
-        """Plain tensors, e.g. for ``safetensors.torch.save(geometry.to_dict())``."""
-        return {k: getattr(self, k) for k in self._KEYS}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, torch.Tensor]) -> "GlobalGeometry":
-        return _from_dict(cls, d, cls._KEYS)
 
 
 def _check_counts(name: str, counts, C: int, device) -> torch.Tensor:
