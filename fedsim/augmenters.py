@@ -14,6 +14,8 @@ import torch
 
 from geomkern import fedmc, ggeur
 
+from ._params import merge_params
+
 
 @dataclass
 class ClientData:
@@ -31,11 +33,7 @@ class Augmenter:
     defaults: dict = {}
 
     def __init__(self, **params):
-        unknown = set(params) - set(self.defaults)
-        if unknown:
-            raise ValueError(f"augmenter {self.name!r} has no parameter(s) {sorted(unknown)}; "
-                             f"it takes {sorted(self.defaults) or 'none'}")
-        self.p = {**self.defaults, **params}
+        self.p = merge_params(f"augmenter {self.name!r}", "parameter", self.defaults, params)
         self.setup_bytes = (0, 0)
 
     def setup(self, clients: list[ClientData], *, n_classes: int, seed: int) -> None:

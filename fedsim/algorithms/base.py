@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .._params import merge_params
+
 Params = dict[str, torch.Tensor]
 
 
@@ -66,11 +68,7 @@ class Algorithm:
     defaults: dict = {}
 
     def __init__(self, **hparams):
-        unknown = set(hparams) - set(self.defaults)
-        if unknown:
-            raise ValueError(f"{self.name} has no hyper-parameter(s) {sorted(unknown)}; "
-                             f"it takes {sorted(self.defaults) or 'none'}")
-        self.hp = {**self.defaults, **hparams}
+        self.hp = merge_params(self.name, "hyper-parameter", self.defaults, hparams)
 
     # ------------------------------------------------------------------ client hooks
     def begin_client(self, ctx: ClientContext) -> None:
