@@ -341,26 +341,24 @@ def calibrate(X: torch.Tensor, dictionary: GeometryDictionary, B: torch.Tensor, 
         dp = scale * eps * (dictionary.variances * captured)[entry].clamp_min(0).sqrt()
         if method == "coordinates":
             A = coef[entry]
-            c0 = torch.bmm(A, kx.unsqueeze(-1)).squeeze(-1)  # P(x) exactly as the solver computes it
-            return _solve(x, B, c0 + dp, c0, anchored, gamma=g, method="coordinates", steps=steps, proj=A,
-                          return_loss=return_loss)
+            c = torch.bmm(A, kx.unsqueeze(-1)).squeeze(-1) + dp  # P(x) exactly as the solver computes it
+            return preimage(x, B, c, gamma=g, method="coordinates", steps=steps, proj=A,
+                            return_loss=return_loss)  # LM's z(T0) is x: nothing to anchor
         T = kx + (dp.unsqueeze(-1) * betas).sum(1)
     else:
         dp = scale * eps * dictionary.eigenvalues[entry].clamp_min(0).sqrt()  # Gram eigenvalue, as printed
         T = kx + (dp.unsqueeze(-1) * (betas @ G)).sum(1)
-    return _solve(x, B, T, kx, anchored, gamma=g, method=method, steps=steps, return_loss=return_loss)
+    # Only the fixed-point iteration moves away from an already-met target: gd's z(T0) is x (zero
+    # gradient), so anchoring it would only double the work.
+    if not (anchored and method == "fixed_point"):
+        return preimage(x, B, T, gamma=g, method=method, steps=steps, return_loss=return_loss)
+    return _anchored(x, B, T, kx, gamma=g, method=method, steps=steps, return_loss=return_loss)
 
 
-def _solve(x, B, T, T0, anchored: bool, *, proj=None, return_loss: bool, **kw):
-    """Pre-image of targets T from z0 = x; anchored: x + z(T) - z(T0), both in one batched call.
-
-    Only the fixed-point iteration moves away from an already-met target: for gd (zero gradient)
-    and coordinates (zero LM step) z(T0) = x, so anchoring them would only double the work."""
-    if not anchored or kw["method"] != "fixed_point":
-        return preimage(x, B, T, proj=proj, return_loss=return_loss, **kw)
+def _anchored(x, B, T, T0, *, return_loss: bool, **kw):
+    """x + z(T) - z(T0), both pre-images from z0 = x in one batched call; the loss is z(T)'s."""
     b = x.shape[0]
-    res = preimage(torch.cat([x, x]), B, torch.cat([T, T0]), return_loss=return_loss,
-                   proj=None if proj is None else torch.cat([proj, proj]), **kw)
+    res = preimage(torch.cat([x, x]), B, torch.cat([T, T0]), return_loss=return_loss, **kw)
     Z, loss = res if return_loss else (res, None)
     out = x + (Z[:b] - Z[b:])
     return (out, loss[:b]) if return_loss else out
