@@ -64,11 +64,7 @@ def _append(path: str, row: dict) -> None:
 def sweep_fidelity(out: str, *, seed: int = 0, dim: int = 64, manifolds=("s_curve", "swiss_roll")) -> None:
     cfg = fidelity.SIZES["full"]
     for name in manifolds:
-        M = fidelity.make_manifold(name, cfg["n"], dim, 0.01, seed, grid=cfg["grid"])
-        order = np.argsort(M.u)
-        clients = [M.X[idx] for idx in np.array_split(order, cfg["clients"])]
-        X = np.concatenate(clients)
-        target = 0.1 * np.sqrt(((X - X.mean(0)) ** 2).sum(1).mean())
+        M, clients, X, target = fidelity.split_problem(name, dim, cfg, seed, noise=0.01, displacement=0.1)
 
         def ratio(Z):
             return float(M.distance(Z).mean() / np.linalg.norm(Z - X, axis=1).mean())

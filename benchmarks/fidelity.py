@@ -171,6 +171,17 @@ FEDMC_VARIANTS = (  # label, formulation, method, anchored
 )
 
 
+def split_problem(name: str, dim: int, cfg: dict, seed: int, noise: float, displacement: float):
+    """The manifold, its points split over cfg["clients"] clients by position along the curve,
+    all points in client order, and the target mean displacement (a fraction of the RMS radius)."""
+    M = make_manifold(name, cfg["n"], dim, noise, seed, grid=cfg["grid"])
+    order = np.argsort(M.u)
+    clients = [M.X[idx] for idx in np.array_split(order, cfg["clients"])]
+    X = np.concatenate(clients)
+    radius = np.sqrt(((X - X.mean(0)) ** 2).sum(1).mean())
+    return M, clients, X, displacement * radius
+
+
 def run(size: str = "full", *, seed: int = 0, gamma="median", noise: float = 0.01,
         displacement: float = 0.1, manifolds=("s_curve", "swiss_roll"), variants=FEDMC_VARIANTS,
         progress: bool = True) -> list[dict]:
@@ -180,12 +191,7 @@ def run(size: str = "full", *, seed: int = 0, gamma="median", noise: float = 0.0
     rows = []
     for name in manifolds:
         for dim in cfg["dims"]:
-            M = make_manifold(name, cfg["n"], dim, noise, seed, grid=cfg["grid"])
-            order = np.argsort(M.u)
-            clients = [M.X[idx] for idx in np.array_split(order, cfg["clients"])]
-            X = np.concatenate(clients)
-            radius = np.sqrt(((X - X.mean(0)) ** 2).sum(1).mean())
-            target = displacement * radius
+            M, clients, X, target = split_problem(name, dim, cfg, seed, noise, displacement)
             base = float(M.distance(X).mean())
 
             def add(method, Z, seconds, **extra):

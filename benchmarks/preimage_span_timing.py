@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import geomkern as gk  # noqa: E402
-from geomkern.ops.preimage import _CHUNK, default_gd_lr, gd_reference  # noqa: E402
-from test_client_pipeline import D, SIZES, clip_like_clusters  # noqa: E402
+from geomkern.ops.preimage import _CHUNK, gd_reference  # noqa: E402
+from test_client_pipeline import make_data  # noqa: E402
 
 
 def gd_span(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor) -> torch.Tensor:
@@ -51,14 +51,8 @@ def gd_span(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor) -> torch.Tenso
 
 
 def main() -> int:
-    X = torch.from_numpy(clip_like_clusters(SIZES, D))
-    gen = torch.Generator().manual_seed(1)
-    B = X[torch.randperm(X.shape[0], generator=gen)[:512]].clone()
-    g = gk.median_gamma(B)
-    x = X[torch.randperm(X.shape[0], generator=gen)[:5000]]
-    T = gk.rbf_gram(x, B, gamma=g)
-    z0 = x + 0.02 * torch.randn(x.shape, generator=gen)
-    lr = default_gd_lr(z0, B, g)
+    data = make_data()
+    B, g, T, z0, lr = data["B"], data["gamma"], data["targets"], data["z0"], data["lr"]
 
     def native():
         with gk.set_backend("native"):

@@ -45,8 +45,8 @@ def clip_like_clusters(sizes, dim, seed=0):
     return np.concatenate(parts).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def data():
+def make_data() -> dict:
+    """The pipeline workload: clusters, offsets, basis, gamma and the pre-image problem."""
     X = torch.from_numpy(clip_like_clusters(SIZES, D))
     offsets = torch.tensor(np.concatenate([[0], np.cumsum(SIZES)]), dtype=torch.int64)
     gen = torch.Generator().manual_seed(1)
@@ -57,6 +57,11 @@ def data():
     z0 = x + 0.02 * torch.randn(x.shape, generator=gen)
     lr = default_gd_lr(z0, B, gamma)
     return dict(X=X, offsets=offsets, B=B, gamma=gamma, z0=z0, targets=targets, lr=lr)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_data()
 
 
 def _sklearn_pipeline(X, offsets, B, gamma, solver):
