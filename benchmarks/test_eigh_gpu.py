@@ -7,7 +7,7 @@ Cases (float32, same data for every provider): centred RBF Grams H K H of random
   large   64 matrices of 512 x 512 (beyond shared memory: the kernel works in a global
          workspace; 64 blocks leave half of an H100's 132 SMs idle)
 Providers:
-  ours          geomkern._C_cuda.jacobi_eigh (tol = float32 eps / sqrt(n), computes in double) and the
+  ours          geomkern._C_cuda.eigh (tol = float32 eps / sqrt(n), computes in double) and the
                 public gk.eigh under set_backend("native") (adds validation and the sign fix)
   torch         torch.linalg.eigh on the batch (cuSOLVER / MAGMA as torch picks)
   cupy          cupy.linalg.eigh on the batch (cuSOLVER; its batched syevj handles n <= 32 only,
@@ -31,7 +31,7 @@ pytestmark = [
 
 import geomkern as gk  # noqa: E402
 from conftest import cuda_bench  # noqa: E402
-from geomkern.backends.native import cuda as native_cuda  # noqa: E402
+from geomkern.backends import native as native_cuda  # noqa: E402
 
 SUITE = "eigh_gpu"
 DEV = "cuda"
@@ -69,19 +69,19 @@ def _eig_err(w, exact) -> float:
 
 
 def test_ours_kernel(benchmark, recorder, case):
-    if not native_cuda.is_available():
-        pytest.skip(native_cuda.load_error())
+    if native_cuda.cuda_why_not():
+        pytest.skip(native_cuda.cuda_why_not())
     A = case["A"]
-    tol = native_cuda.jacobi_tol(A.dtype, A.shape[-1])
-    w, _, info = _bench(benchmark, native_cuda._C_cuda.jacobi_eigh, A, tol, native_cuda.MAX_SWEEPS)
+    tol = native_cuda.eigh_tol(A.dtype, A.shape[-1])
+    w, _, info = _bench(benchmark, native_cuda._C_cuda.eigh, A, tol, native_cuda.MAX_SWEEPS)
     assert bool((info >= 0).all()), "Jacobi did not converge"
     recorder.add(f"{case['name']}: geomkern CUDA Jacobi kernel", benchmark,
                  eig_rel_err=_eig_err(w, case["exact"]), max_sweeps_used=int(info.max()))
 
 
 def test_ours_public_api(benchmark, recorder, case):
-    if not native_cuda.is_available():
-        pytest.skip(native_cuda.load_error())
+    if native_cuda.cuda_why_not():
+        pytest.skip(native_cuda.cuda_why_not())
     with gk.set_backend("native"):
         assert gk.resolve("eigh", "cuda") == "native"
         w, _ = _bench(benchmark, gk.eigh, case["A"])

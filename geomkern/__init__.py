@@ -5,7 +5,9 @@ fused native / GPU fast paths. Tensors in, tensors out, same device.
 from ._dispatch import available_backends, get_backend, registered_ops, resolve, set_backend
 from .ops.kmeans import kmeans
 from .ops.kpca import KPCAFit, kpca, kpca_transform, project_onto_basis
-from .ops.moments import class_moments, eigh, pool_moments
+from . import backends  # noqa: F401  (declares the fast backends to the dispatcher)
+from .ops.eigh import eigh
+from .ops.moments import class_moments, pool_moments
 from .ops.preimage import preimage, preimage_loss
 from .ops.rbf import median_gamma, rbf_gram, rbf_matmul
 

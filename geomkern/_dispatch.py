@@ -1,52 +1,85 @@
-"""Backend registry and selection.
+"""Backend registry and selection. Pure: it imports nothing from geomkern and knows no backend.
 
-Every public op is registered once per backend that implements it. ``auto`` picks, per op and
-device type, the first *available* backend from that op's measured preference list; an explicit
-backend is used for the ops it implements and the rest fall back to ``reference`` (a backend
-that is asked for but not built or not importable is an error naming how to get it).
+A backend is a module that, on import, describes itself once with :func:`register_backend`
+(is it usable here, and if not why and how to get it) and registers each op it implements with
+:func:`register`, naming the device types that implementation serves. ``geomkern.backends``
+declares which modules are backends (:func:`declare_backend`); they are imported on the first
+dispatch, so a slow import (Triton) costs nothing until an op runs.
+
+Selection, per op and device type: ``auto`` takes the first backend of the op's measured
+preference list for that device type that is usable and serves it; an explicit backend is used
+where it serves the device, and the reference everywhere else (a backend that is asked for but is
+not usable here is an error saying why).
 """
 from __future__ import annotations
 
 import contextvars
+import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 KNOWN_BACKENDS = ("reference", "native", "triton", "cupy")
+ANY_DEVICE = "*"
 
-_HOW_TO_GET = {
-    "native": (
-        "the compiled extension geomkern._C is built by setup.py: reinstall from the source tree "
-        "with `pip install --no-build-isolation .` (needs a C++ compiler and torch installed first)"
-    ),
-    "triton": "install triton: `pip install triton` (or `pip install geomkern[triton]`)",
-    "cupy": "install CuPy for your CUDA (`pip install cupy-cuda12x`); it serves gk.eigh on CUDA tensors",
-}
+
+@dataclass(frozen=True)
+class Backend:
+    """What the registry needs to know about a backend: ``why_not()`` is "" when it is usable
+    here, otherwise one sentence saying what is missing and how to get it."""
+
+    name: str
+    why_not: Callable[[], str]
+
+    def available(self) -> bool:
+        return not self.why_not()
 
 
 @dataclass
 class _OpEntry:
-    impls: dict[str, Callable] = field(default_factory=dict)
-    # device type ("cpu", "cuda", ...) -> backend names in order of measured preference
+    # backend -> device type ("cpu", "cuda", ... or ANY_DEVICE) -> implementation
+    impls: dict[str, dict[str, Callable]] = field(default_factory=dict)
+    # device type -> backend names in order of measured preference
     auto_order: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+_BACKENDS: dict[str, Backend] = {"reference": Backend("reference", lambda: "")}
+_DECLARED: dict[str, str] = {}  # backend name -> module that registers it when imported
 _REGISTRY: dict[str, _OpEntry] = {}
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("geomkern_backend", default=None)
 
 
-def register(op: str, backend: str, *, auto_on: tuple[str, ...] = ()):
-    """Decorator: register ``fn`` as ``backend``'s implementation of ``op``.
+def _known(name: str) -> str:
+    if name not in KNOWN_BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; known: {KNOWN_BACKENDS}")
+    return name
+
+
+def declare_backend(name: str, module: str) -> None:
+    """``module`` (a dotted path) registers backend ``name`` when imported."""
+    _DECLARED[_known(name)] = module
+
+
+def register_backend(name: str, *, why_not: Callable[[], str]) -> None:
+    """Describe backend ``name``: ``why_not()`` returns "" when it is usable here."""
+    _BACKENDS[_known(name)] = Backend(name, why_not)
+
+
+def register(op: str, backend: str, *, devices: tuple[str, ...] = (ANY_DEVICE,),
+             auto_on: tuple[str, ...] = ()):
+    """Decorator: register ``fn`` as ``backend``'s implementation of ``op`` for tensors on
+    ``devices`` (device types; ``ANY_DEVICE`` for all).
 
     ``auto_on`` lists device types on which ``auto`` prefers this backend over the reference
     (only where a recorded benchmark shows it wins).
     """
-    if backend not in KNOWN_BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}")
+    _known(backend)
 
     def deco(fn):
         entry = _REGISTRY.setdefault(op, _OpEntry())
-        entry.impls[backend] = fn
+        per_device = entry.impls.setdefault(backend, {})
+        for dev in devices:
+            per_device[dev] = fn
         for dev in auto_on:
             order = entry.auto_order.get(dev, ())
             if backend not in order:
@@ -56,46 +89,27 @@ def register(op: str, backend: str, *, auto_on: tuple[str, ...] = ()):
     return deco
 
 
-def _backend_is_built(name: str) -> tuple[bool, str]:
-    if name == "reference":
-        return True, ""
-    if name == "native":
-        from .backends import native
-
-        return native.is_available(), native.load_error()
-    if name == "cupy":
-        from .backends import cupy
-
-        if not cupy.is_available():
-            return False, cupy.load_error()
-    if name == "triton":
-        from .backends import triton
-
-        if not triton.is_available():
-            return False, triton.load_error()
-        if not _triton_can_run():
-            return False, ("Triton kernels need a CUDA device here (or TRITON_INTERPRET=1 to run "
-                           "them in Triton's CPU interpreter, for testing)")
-    if not any(name in e.impls for e in _REGISTRY.values()):
-        return False, _HOW_TO_GET[name]
-    return True, ""
+def _load() -> None:
+    for name, module in list(_DECLARED.items()):
+        if name not in _BACKENDS:
+            importlib.import_module(module)
 
 
-def _triton_can_run() -> bool:
-    import torch
-
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+def why_not(name: str) -> str:
+    """"" when backend ``name`` is usable here and implements an op, else the reason."""
+    _load()
+    backend = _BACKENDS.get(name)
+    if backend is None:
+        return f"no module registered backend {name!r}"
+    reason = backend.why_not()
+    if not reason and not any(name in e.impls for e in _REGISTRY.values()):
+        reason = f"backend {name!r} implements no op in this build"
+    return reason
 
 
 def available_backends() -> list[str]:
-    """Backends that are built and importable here, and implement at least one op."""
-    _ensure_loaded()
-    out = []
-    for name in KNOWN_BACKENDS:
-        ok, _ = _backend_is_built(name)
-        if ok and any(name in e.impls for e in _REGISTRY.values()):
-            out.append(name)
-    return out
+    """Backends that are usable here and implement at least one op."""
+    return [name for name in KNOWN_BACKENDS if not why_not(name)]
 
 
 def _check_backend_name(name: str) -> str:
@@ -109,10 +123,9 @@ def _check_backend_name(name: str) -> str:
             f"backend={name!r} is not a geomkern backend; choose one of "
             f"{('auto',) + KNOWN_BACKENDS}"
         )
-    _ensure_loaded()
-    ok, why = _backend_is_built(name)
-    if not ok:
-        raise RuntimeError(f"backend {name!r} is not available: {why}")
+    reason = why_not(name)
+    if reason:
+        raise RuntimeError(f"backend {name!r} is not available: {reason}")
     return name
 
 
@@ -147,43 +160,30 @@ def get_backend() -> str:
     return name
 
 
+def serves(op: str, backend: str, device_type: str) -> bool:
+    """Whether ``backend`` has an implementation of ``op`` for tensors on ``device_type``."""
+    _load()
+    per_device = _REGISTRY[op].impls.get(backend, {})
+    return device_type in per_device or ANY_DEVICE in per_device
+
+
 def resolve(op: str, device_type: str) -> str:
     """The backend that ``op`` runs on for tensors on ``device_type`` under the current choice."""
-    _ensure_loaded()
-    entry = _REGISTRY[op]
+    _load()
     chosen = get_backend()
-    if chosen == "auto":
-        for name in entry.auto_order.get(device_type, ()):
-            if name in entry.impls and _backend_is_built(name)[0]:
-                return name
-        return "reference"
-    if chosen in entry.impls and _supports_device(chosen, device_type):
-        return chosen
+    candidates = _REGISTRY[op].auto_order.get(device_type, ()) if chosen == "auto" else (chosen,)
+    for name in candidates:
+        if serves(op, name, device_type) and _BACKENDS[name].available():
+            return name
     return "reference"
 
 
-def _supports_device(backend: str, device_type: str) -> bool:
-    if backend == "reference":
-        return True
-    if backend == "native":
-        from .backends import native
-
-        return native.supports_device(device_type)
-    return device_type == "cuda" or (
-        backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
-    )
-
-
 def implementation(op: str, device_type: str) -> Callable:
-    return _REGISTRY[op].impls[resolve(op, device_type)]
+    per_device = _REGISTRY[op].impls[resolve(op, device_type)]
+    return per_device.get(device_type) or per_device[ANY_DEVICE]
 
 
 def registered_ops() -> dict[str, tuple[str, ...]]:
     """Every registered op and the backends that implement it."""
-    _ensure_loaded()
+    _load()
     return {op: tuple(e.impls) for op, e in sorted(_REGISTRY.items())}
-
-
-def _ensure_loaded():
-    # Fast backends register themselves on import; importing is cheap and idempotent.
-    from .backends import cupy, native, triton  # noqa: F401

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from . import _validate
-from .ops.moments import class_moments, eigh, pool_moments
+from .ops.eigh import eigh
+from .ops.moments import class_moments, pool_moments
 
 NOISE_MODES = ("sqrt", "paper")
 

@@ -109,7 +109,7 @@ def _jacobi_child(lib_path, A, tol, max_sweeps, device_smem, seed):
     lib.emu_configure(ctypes.c_int64(device_smem), ctypes.c_uint64(seed))
     batch, n, _ = A.shape
     scalar = ctypes.c_float if A.dtype == np.float32 else ctypes.c_double
-    fn = getattr(lib, "emu_jacobi_eigh_" + ("f32" if A.dtype == np.float32 else "f64"))
+    fn = getattr(lib, "emu_eigh_" + ("f32" if A.dtype == np.float32 else "f64"))
     w = np.empty((batch, n), A.dtype)
     V = np.empty((batch, n, n), A.dtype)
     info = np.empty(batch, np.int32)
@@ -121,7 +121,7 @@ def _jacobi_child(lib_path, A, tol, max_sweeps, device_smem, seed):
 
 def jacobi(lib, A, *, seed, tol=None, max_sweeps=50, device_smem=H100_SMEM):
     A = np.ascontiguousarray(A)
-    tol = float(np.finfo(A.dtype).eps) / math.sqrt(A.shape[-1]) if tol is None else tol  # native.cuda.jacobi_tol
+    tol = float(np.finfo(A.dtype).eps) / math.sqrt(A.shape[-1]) if tol is None else tol  # native.eigh_tol
     rc, err, w, V, info, ws = _isolated(_jacobi_child, lib, A, tol, max_sweeps, device_smem, seed)
     return rc, err, w, V, info, ws
 
@@ -173,7 +173,7 @@ def test_jacobi_matches_float64_oracle(emu_lib, rng, seed, n, batch, dtype):
 
 
 def _jacobi_smem(n):
-    """(matrix bytes, scratch bytes) of jacobi_eigh.cu's Layout: double A and V^T, then c, s, t
+    """(matrix bytes, scratch bytes) of eigh.cu's Layout: double A and V^T, then c, s, t
     per pair and the reduction buffer (double), p, q per pair and the permutation (int)."""
     h = (n + (n & 1)) // 2
     nt = 64 if n <= 16 else 128 if n <= 32 else 256 if n <= 64 else 512 if n <= 128 else 1024

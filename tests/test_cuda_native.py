@@ -19,7 +19,6 @@ import copy
 import shutil
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,14 +27,14 @@ from _eigh_oracle import check_eigh
 
 import geomkern as gk
 from geomkern import _dispatch
-from geomkern.backends.native import cuda as native_cuda
-from geomkern.ops.moments import eigh_reference
+from geomkern.backends import native as native_cuda
+from geomkern.ops.eigh import eigh_reference
 from geomkern.ops.preimage import default_gd_lr, gd_reference
 
 CUDA = torch.cuda.is_available()
 # on a GPU machine where setup.py did not build the extension, say why instead of failing
-needs_ext = pytest.mark.skipif(CUDA and not native_cuda.is_available(),
-                               reason=f"geomkern._C_cuda is not built: {native_cuda.load_error()}")
+needs_ext = pytest.mark.skipif(CUDA and native_cuda.cuda_why_not(),
+                               reason=f"geomkern._C_cuda is not built: {native_cuda.cuda_why_not()}")
 # Same bounds as the emulated tests (tests/test_cuda_emulated.py): the solver computes in double,
 # so float32 results are limited by their final rounding (emulation: <= 1e-7).
 EIGH_TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
@@ -50,7 +49,7 @@ def _random_symmetric(batch, n, dtype, seed):
 
 
 def _solve(A):
-    w, V, info = native_cuda._C_cuda.jacobi_eigh(A, native_cuda.jacobi_tol(A.dtype, A.shape[-1]),
+    w, V, info = native_cuda._C_cuda.eigh(A, native_cuda.eigh_tol(A.dtype, A.shape[-1]),
                                                  native_cuda.MAX_SWEEPS)
     assert w.is_cuda and V.is_cuda and w.dtype == A.dtype and V.dtype == A.dtype
     assert bool((info >= 0).all()), f"not converged: {info[info < 0].numel()} matrices"
@@ -63,7 +62,7 @@ def _solve(A):
 @needs_ext
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("batch,n", [(500, 100), (64, 512), (8, 1), (8, 7), (8, 33), (4, 257)])
-def test_jacobi_eigh_matches_float64_oracle(seed, batch, n, dtype):
+def test_eigh_matches_float64_oracle(seed, batch, n, dtype):
     A = _random_symmetric(batch, n, dtype, seed)
     w, V, info = _solve(A)
     check_eigh(A.cpu().numpy(), w.cpu().numpy(), V.cpu().numpy(), EIGH_TOL[dtype],
@@ -74,7 +73,7 @@ def test_jacobi_eigh_matches_float64_oracle(seed, batch, n, dtype):
 @pytest.mark.gpu
 @needs_ext
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_jacobi_eigh_centred_grams(seed, dtype):
+def test_eigh_centred_grams(seed, dtype):
     """The kernel-PCA use: centred RBF Grams (PSD, one eigenvalue 0, fast-decaying spectrum)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     X = torch.randn(50, 100, 16, generator=g, device="cuda", dtype=torch.float64)
@@ -114,7 +113,7 @@ def test_public_eigh_native_matches_reference(seed, dtype):
 @needs_ext
 def test_jacobi_reports_non_convergence(seed):
     A = _random_symmetric(4, 20, torch.float32, seed)
-    _, _, info = native_cuda._C_cuda.jacobi_eigh(A, 1e-7, 0)
+    _, _, info = native_cuda._C_cuda.eigh(A, 1e-7, 0)
     assert bool((info == -1).all())
 
 
@@ -122,10 +121,10 @@ def test_jacobi_reports_non_convergence(seed):
 @needs_ext
 def test_jacobi_rejects_bad_input():
     with pytest.raises(RuntimeError, match="CUDA tensor"):
-        native_cuda._C_cuda.jacobi_eigh(torch.eye(3), 1e-7, 10)
+        native_cuda._C_cuda.eigh(torch.eye(3), 1e-7, 10)
     A = torch.randn(4, 4, device="cuda")
     with pytest.raises(RuntimeError, match="contiguous"):
-        native_cuda._C_cuda.jacobi_eigh((A + A.T).t(), 1e-7, 10)
+        native_cuda._C_cuda.eigh((A + A.T).t(), 1e-7, 10)
 
 
 @pytest.mark.gpu
@@ -186,70 +185,81 @@ def test_preimage_too_large_raises(seed):
 
 # --------------------------------------------------------------- CPU: registration with a stand-in
 
-class _FakeCudaTensor:
-    """Enough of a CUDA tensor for the wrappers' device test."""
-    device = SimpleNamespace(type="cuda")
+class _FakeCExtension:
+    """Stands in for geomkern._C_cuda: records which kernel ran."""
+
+    def __init__(self):
+        self.calls = []
+
+    def eigh(self, A, tol, max_sweeps):
+        self.calls.append("eigh")
+        n = A.shape[-1]
+        return torch.arange(n, 0, -1.0), torch.eye(n), torch.zeros(1, dtype=torch.int32)
+
+    def preimage_gd(self, *args):
+        self.calls.append("preimage_gd")
+        return "cuda-result"
 
 
 @pytest.fixture
 def registered_with_fake_cuda(monkeypatch):
-    """Run cuda._register() as it runs when _C_cuda is importable, on a copy of the registry, with
-    the CUDA kernels replaced by recorders."""
-    monkeypatch.setattr(_dispatch, "_REGISTRY", copy.deepcopy(_dispatch._REGISTRY))
+    """native.register() as it runs when _C_cuda is importable, on a copy of the registry."""
     before = copy.deepcopy(_dispatch._REGISTRY)
-    calls = []
-    fakes = {op: (lambda *a, _op=op: calls.append(("cuda", _op)) or "cuda-result") for op in native_cuda.CUDA_KERNELS}
-    monkeypatch.setattr(native_cuda, "CUDA_KERNELS", fakes)
-    native_cuda._register()
-    return before, calls
+    monkeypatch.setattr(_dispatch, "_REGISTRY", copy.deepcopy(_dispatch._REGISTRY))
+    fake = _FakeCExtension()
+    native_cuda.register(native_cuda._C, fake)
+    return before, fake
+
+
+def test_kernel_table_follows_what_was_built():
+    fake = _FakeCExtension()
+    assert native_cuda.kernels(None, None) == {}
+    cpu_only = native_cuda.kernels(object(), None)
+    assert {dev for per in cpu_only.values() for dev in per} == {"cpu"}
+    cuda_only = native_cuda.kernels(None, fake)
+    assert set(cuda_only) == {"eigh", "preimage_gd"}
+    assert {dev for per in cuda_only.values() for dev in per} == {"cuda"}
+    both = native_cuda.kernels(object(), fake)
+    assert set(both["preimage_gd"]) == {"cpu", "cuda"} and set(both["preimage_fixed_point"]) == {"cpu"}
 
 
 def test_registration_keeps_cpu_native(registered_with_fake_cuda, seed):
-    before, calls = registered_with_fake_cuda
+    before, fake = registered_with_fake_cuda
     reg = _dispatch._REGISTRY
-    assert set(reg) == set(before)
+    assert set(reg) == set(before) | {"eigh"}
     for op, entry in reg.items():
         assert entry.auto_order == before[op].auto_order, f"{op}: auto order changed"
         assert {k: v for k, v in entry.impls.items() if k != "native"} == \
                {k: v for k, v in before[op].impls.items() if k != "native"}
-    assert "native" in reg["eigh"].impls and "native" in reg["preimage_gd"].impls
-    if "native" in before["preimage_gd"].impls:
-        # CPU tensors reach the CPU kernel that ops.py registered, with identical results
+    if native_cuda._C is not None:
+        # CPU tensors reach the same CPU kernel as before, with identical results
         Z0, B, T, gamma = preimage_problem(9, 7, 5, seed)
         lr = default_gd_lr(Z0, B, gamma)
-        got = reg["preimage_gd"].impls["native"](Z0, B, T, gamma, 3, lr)
-        want = before["preimage_gd"].impls["native"](Z0, B, T, gamma, 3, lr)
+        with gk.set_backend("native"):
+            assert _dispatch.resolve("preimage_gd", "cpu") == "native"
+            got = _dispatch.implementation("preimage_gd", "cpu")(Z0, B, T, gamma, 3, lr)
+        want = before["preimage_gd"].impls["native"]["cpu"](Z0, B, T, gamma, 3, lr)
         assert torch.equal(got, want)
-    # eigh has no CPU kernel: CPU tensors get the reference
+    # eigh has no CPU kernel: CPU tensors get the reference, even under set_backend("native")
     A = torch.randn(6, 6, dtype=torch.float64)
     A = A + A.T
-    w, V = reg["eigh"].impls["native"](A, 6)
+    with gk.set_backend("native"):
+        assert _dispatch.resolve("eigh", "cpu") == "reference"
+        w, V = gk.eigh(A)
     w_ref, V_ref = eigh_reference(A, 6)
     assert torch.equal(w, w_ref) and torch.equal(V, V_ref)
-    assert not calls
+    assert not fake.calls
 
 
-def test_registration_routes_cuda_tensors(registered_with_fake_cuda, monkeypatch):
-    before, calls = registered_with_fake_cuda
-    reg = _dispatch._REGISTRY
-    fake = _FakeCudaTensor()
-    assert reg["eigh"].impls["native"](fake, 3) == "cuda-result"
-    assert reg["preimage_gd"].impls["native"](fake, None, None, 1.0, 1, None) == "cuda-result"
-    assert calls == [("cuda", "eigh"), ("cuda", "preimage_gd")]
-    # a native CPU op without a CUDA kernel sends CUDA tensors to the reference
-    for op, entry in before.items():
-        if "native" in entry.impls and op not in native_cuda.CUDA_KERNELS:
-            seen = []
-            monkeypatch.setitem(reg[op].impls, "reference", lambda *a, _seen=seen: _seen.append(a) or "ref")
-            assert reg[op].impls["native"](fake, 1, 2) == "ref" and len(seen) == 1
-
-
-def test_supports_cuda_only_with_the_extension(monkeypatch):
-    from geomkern.backends import native
-
-    if not native.is_available():
-        pytest.skip("geomkern._C (native backend) is not built")
-    monkeypatch.setattr(native_cuda, "_C_cuda", None)
-    assert native.supports_device("cpu") and not native.supports_device("cuda")
-    monkeypatch.setattr(native_cuda, "_C_cuda", object())
-    assert native.supports_device("cuda")
+def test_registration_routes_cuda_tensors(registered_with_fake_cuda):
+    _, fake = registered_with_fake_cuda
+    with gk.set_backend("native"):
+        assert _dispatch.resolve("eigh", "cuda") == "native"
+        w, V = _dispatch.implementation("eigh", "cuda")(torch.zeros(3, 3), 2)
+        assert torch.equal(w, torch.tensor([3.0, 2.0])) and V.shape == (3, 2)
+        assert _dispatch.implementation("preimage_gd", "cuda")(None, None, None, 1.0, 1, None) == "cuda-result"
+        # a native CPU op without a CUDA kernel sends CUDA tensors to the reference
+        assert _dispatch.resolve("preimage_fixed_point", "cuda") == "reference"
+    with gk.set_backend("auto"):  # no GPU benchmark yet: auto never prefers a CUDA kernel
+        assert _dispatch.resolve("eigh", "cuda") == "reference"
+    assert fake.calls == ["eigh", "preimage_gd"]

@@ -137,7 +137,7 @@ def assert_transform_close(out, ref, Z64, X64, scaled, g, tol, name):
                          f"{np.linalg.norm(ref):.3e})"
 
 
-@pytest.mark.parametrize("backend", backends_for("kpca_dense", "kpca_subspace"), indirect=True)
+@pytest.mark.parametrize("backend", backends_for("kpca"), indirect=True)
 @settings(max_examples=12)
 @given(d=st.integers(1, 3),
        sizes=st.lists(st.sampled_from((4, 7, 33, 257)), min_size=1, max_size=4),
@@ -162,8 +162,7 @@ def test_kpca_ragged_batch_matches_sklearn(d, sizes, D, solver, dtype, seed, bac
         check_cluster(fit, X, j, g, d, solver, Z=torch.cat([near, far]))
 
 
-@pytest.mark.parametrize("backend", backends_for("kpca_dense", "kpca_subspace",
-                                                  "project_onto_basis"), indirect=True)
+@pytest.mark.parametrize("backend", backends_for("kpca", "project_onto_basis"), indirect=True)
 @settings(max_examples=12)
 @given(d=st.integers(1, 3),
        sizes=st.lists(st.sampled_from((4, 7, 33, 257)), min_size=1, max_size=3),

@@ -229,11 +229,12 @@ def _check_kpca(device, dtype, solver, sizes, D, d, seed):
     X = _separated_clusters(sizes, D, d, g, gen, dtype).to(device)
     off = offsets_from_sizes(sizes).to(device)
     with _poisoned(), gk.set_backend("triton"):
-        op = f"kpca_{solver}"
-        assert gk._dispatch.resolve(op, X.device.type) == "triton"
+        assert gk._dispatch.resolve("kpca", X.device.type) == "triton"
         fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
     # the float64 dense solve is the oracle for both solvers
-    mu, alphas, mean_proj = rkpca.kpca_dense_reference(_d64(X), off.cpu(), d, g)
+    with gk.set_backend("reference"):
+        ref_fit = gk.kpca(_d64(X), off.cpu(), n_components=d, gamma=g, solver="dense")
+    mu, alphas, mean_proj = ref_fit.eigenvalues, ref_fit.alphas, ref_fit.mean_projection
     assert_close_rel(fit.eigenvalues, mu, BOUND[dtype], "eigenvalues")
     tol = BOUND[dtype] if solver == "dense" else max(BOUND[dtype], _SUBSPACE_VECTOR_BOUND[dtype])
     o = off.tolist()
@@ -360,7 +361,7 @@ def _check_dispatch(device):
     """set_backend("triton") routes every Triton op here; auto never picks Triton (no op has a
     recorded GPU win yet)."""
     triton_ops = [op for op, b in gk._dispatch.registered_ops().items() if "triton" in b]
-    assert set(triton_ops) == {"rbf_gram", "rbf_matmul", "kpca_dense", "kpca_subspace", "kpca_auto",
+    assert set(triton_ops) == {"rbf_gram", "rbf_matmul", "kpca",
                                "project_onto_basis", "preimage_gd", "preimage_fixed_point",
                                "kmeans"}
     with gk.set_backend("triton"):

@@ -14,7 +14,7 @@
 namespace geomkern {
 namespace cuda {
 
-// ---------------------------------------------------------------- jacobi_eigh.cu
+// ---------------------------------------------------------------- eigh.cu
 //
 // Batched symmetric eigen-decomposition by parallel-order (round-robin) cyclic Jacobi, one
 // thread block per matrix. A sweep is m-1 rounds of m/2 disjoint rotations applied together
@@ -22,21 +22,21 @@ namespace cuda {
 // every pair (p, q) is rotated once per sweep. A matrix is converged when its off-diagonal
 // Frobenius norm is <= tol * ||A||_F; it stops after max_sweeps otherwise.
 //
-// Arithmetic is in double for float input too (the reason is in jacobi_eigh.cu). Where the
+// Arithmetic is in double for float input too (the reason is in eigh.cu). Where the
 // matrix lives: when the double working copy of A and the accumulated V^T (16 n^2 bytes) plus
 // O(n) scratch fit in the device's opt-in shared memory per block
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on H100/H200, i.e. n <= 118), everything
 // stays in shared memory; otherwise both live in a caller-provided global workspace
-// (jacobi_eigh_workspace_size) and only the O(n) scratch is in shared memory.
+// (eigh_workspace_size) and only the O(n) scratch is in shared memory.
 // n <= kJacobiMaxN (the O(n) scratch stays within 48 KiB), but one block per matrix is meant for
 // many small matrices: a sweep costs ~n^3 / blockDim per thread, and a batch smaller than the
 // number of SMs leaves the rest of the GPU idle.
 constexpr int kJacobiMaxN = 2048;
 
-// Bytes of global workspace jacobi_eigh needs for `batch` matrices of size n on the current
+// Bytes of global workspace eigh needs for `batch` matrices of size n on the current
 // device: 0 when they fit in shared memory.
 template <typename T>
-cudaError_t jacobi_eigh_workspace_size(int64_t batch, int n, size_t* bytes);
+cudaError_t eigh_workspace_size(int64_t batch, int n, size_t* bytes);
 
 // A: (batch, n, n) symmetric (only exactly symmetric input is meaningful: both triangles are read).
 // eigenvalues: (batch, n), descending. eigenvectors: (batch, n, n), column j is the unit
@@ -44,9 +44,9 @@ cudaError_t jacobi_eigh_workspace_size(int64_t batch, int n, size_t* bytes);
 // info: (batch,) int, the number of sweeps used, or -1 when off(A) > tol ||A||_F after
 // max_sweeps (the outputs are then the last iterate: not converged, or NaN/Inf in A).
 // tol: relative off-diagonal tolerance; eps / sqrt(n) (eps of T) bounds off(A) by eps ||A||_2,
-// backward-stable accuracy (geomkern.backends.native.cuda.jacobi_tol). max_sweeps >= 0.
+// backward-stable accuracy (geomkern.backends.native.cuda.eigh_tol). max_sweeps >= 0.
 template <typename T>
-cudaError_t jacobi_eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, int64_t batch,
+cudaError_t eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, int64_t batch,
                         int n, T tol, int max_sweeps, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream);
 

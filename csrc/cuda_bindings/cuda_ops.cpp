@@ -33,7 +33,7 @@ void check_input(const at::Tensor& t, const char* name, const at::Tensor& like) 
 
 // A: (..., n, n) symmetric. Returns eigenvalues (..., n) descending, eigenvectors (..., n, n)
 // (columns) and info (...) int32: sweeps used, or -1 where a matrix did not converge.
-std::vector<at::Tensor> jacobi_eigh(const at::Tensor& A, double tol, int64_t max_sweeps) {
+std::vector<at::Tensor> eigh(const at::Tensor& A, double tol, int64_t max_sweeps) {
   check_input(A, "A", A);
   TORCH_CHECK(A.dim() >= 2 && A.size(-1) == A.size(-2), "A must have shape (..., n, n), got ",
               A.sizes());
@@ -54,19 +54,19 @@ std::vector<at::Tensor> jacobi_eigh(const at::Tensor& A, double tol, int64_t max
 
   const c10::cuda::CUDAGuard guard(A.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(A.device().index()).stream();
-  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "jacobi_eigh", [&] {
+  AT_DISPATCH_FLOATING_TYPES(A.scalar_type(), "eigh", [&] {
     size_t ws_bytes = 0;
-    check_launch(geomkern::cuda::jacobi_eigh_workspace_size<scalar_t>(batch, static_cast<int>(n), &ws_bytes),
-                 "jacobi_eigh_workspace_size");
+    check_launch(geomkern::cuda::eigh_workspace_size<scalar_t>(batch, static_cast<int>(n), &ws_bytes),
+                 "eigh_workspace_size");
     // Freed when this scope ends: the caching allocator only hands it out again to work that is
     // ordered after this kernel on the same stream.
     at::Tensor work;
     if (ws_bytes > 0) work = at::empty({static_cast<int64_t>(ws_bytes)}, A.options().dtype(at::kByte));
-    check_launch(geomkern::cuda::jacobi_eigh<scalar_t>(
+    check_launch(geomkern::cuda::eigh<scalar_t>(
                      A.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), V.data_ptr<scalar_t>(),
                      info.data_ptr<int>(), batch, static_cast<int>(n), static_cast<scalar_t>(tol),
                      static_cast<int>(max_sweeps), ws_bytes ? work.data_ptr() : nullptr, ws_bytes, stream),
-                 "jacobi_eigh");
+                 "eigh");
   });
   return {w, V, info};
 }
@@ -114,7 +114,7 @@ std::vector<std::string> devices() { return {"cuda"}; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "geomkern native kernels (CUDA C++)";
   m.def("devices", &devices, "device types the compiled kernels run on");
-  m.def("jacobi_eigh", &jacobi_eigh,
+  m.def("eigh", &eigh,
         "batched symmetric eigen-decomposition (parallel Jacobi, one block per matrix): "
         "eigenvalues descending, eigenvectors, info (sweeps used, -1 = not converged)",
         py::arg("A"), py::arg("tol"), py::arg("max_sweeps"), py::call_guard<py::gil_scoped_release>());

@@ -3,7 +3,7 @@
 Per cluster C_j (rows offsets[j]:offsets[j+1] of X, n = n_j): K its Gram, Kc = H K H,
 Kc u_i = mu_i u_i (descending). alphas = u_i / sqrt(mu_i) make the feature-space components
 v_i = sum_a alpha_ai (Phi(x_a) - mean Phi) unit-norm (sklearn's eigenvectors_/sqrt(eigenvalues_));
-variances = mu / n is the feature-space variance along v_i (DESIGN.md math notes 1-2).
+variances = mu / n is the feature-space variance along v_i (docs/design.md math notes 1-2).
 Sign convention: each u_i has its largest-magnitude entry positive (first one on ties).
 """
 from __future__ import annotations
@@ -13,13 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from .. import _dispatch, _validate
+from .eigh import sign_fix
 from .rbf import _sqdist, double_center, double_center_, gram_reference
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
 # auto: dense for size buckets below DENSE_BELOW_BLOCKS blocks of the Krylov solver, subspace
 # above, matrix-free for buckets whose stored Grams would exceed GRAM_BUDGET_BYTES.
-_SOLVER_OP = {"auto": "kpca_auto", "subspace": "kpca_subspace", "dense": "kpca_dense",
-              "matrix_free": "kpca_matrix_free"}
 # Crossover measured on the 2-core CPU (benchmarks/NOTES.md, kpca entry), batches of ~2,400
 # points, D = 512: d = 8 (block k = 16) dense 1.7x faster at n = 200, even at 300, 1.35x
 # slower at 400; d = 2 (k = 10) dense 1.2x faster at n = 100, 1.2x slower at 150. Dense below 16 k.
@@ -58,13 +57,6 @@ class KPCAFit:
     @property
     def n_components(self) -> int:
         return self.eigenvalues.shape[1]
-
-
-def sign_fix(U: torch.Tensor) -> torch.Tensor:
-    """Flip columns of (..., n, d) so each column's largest-|.| entry is positive."""
-    idx = U.abs().argmax(dim=-2, keepdim=True)
-    s = torch.sign(torch.gather(U, -2, idx))
-    return U * torch.where(s == 0, torch.ones_like(s), s)
 
 
 def _buckets(sizes: list[int], ratio: float = 2.0) -> list[list[int]]:
@@ -209,45 +201,33 @@ def normalise_eigenpairs(mu: torch.Tensor, U: torch.Tensor, colmeans: list, size
     return eigenvalues, alphas, mean_proj
 
 
-def _kpca_reference(X, offsets, n_components: int, gamma: float, top):
-    """Centred Grams of all clusters, zero-padded and bucketed by size, eigen-solved with ``top``.
+def centred_grams_reference(X, off: list, bucket: list, gamma: float):
+    """The zero-padded centred Grams of one size bucket: the ``kpca`` op each backend implements.
 
-    Zero padding keeps the top eigenpairs: diag(Kc, 0) has Kc's spectrum plus zeros, and the
-    padded eigenvectors for positive eigenvalues are Kc's with zeros appended.
+    X: (N, D); off: the m+1 CSR boundaries as a list; bucket: cluster ids, largest first.
+    Returns Kc (b, nmax, nmax), cluster t's H K H in its leading n_t rows/columns and zeros
+    elsewhere (zero padding keeps the top eigenpairs: diag(Kc, 0) has Kc's spectrum plus zeros,
+    and the padded eigenvectors for positive eigenvalues are Kc's with zeros appended), and
+    colmeans, b tensors (n_t,): the column means of the uncentred K.
     """
-    m, d = offsets.numel() - 1, n_components
-    N = X.shape[0]
-    off = offsets.tolist()
-    sizes = [off[j + 1] - off[j] for j in range(m)]
-    eigenvalues = torch.zeros(m, d, dtype=X.dtype, device=X.device)
-    alphas = torch.zeros(N, d, dtype=X.dtype, device=X.device)
-    mean_proj = torch.zeros(m, d, dtype=X.dtype, device=X.device)
-    for bucket in _buckets(sizes, CPU_BUCKET_RATIO if X.device.type == "cpu" else 2.0):
-        nmax = sizes[bucket[0]]
-        if top is not dense_top and len(bucket) * nmax * nmax * X.element_size() > GRAM_BUDGET_BYTES:
-            for j in bucket:  # too large to store: matrix-free, one cluster at a time
-                eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
-                    X[off[j]:off[j + 1]], d, gamma)
-            continue
-        Kc = torch.empty(len(bucket), nmax, nmax, dtype=X.dtype, device=X.device)  # padding zeroed below
-        colmeans = []
-        for t, j in enumerate(bucket):
-            Kc[t, sizes[j]:].zero_()
-            Kc[t, :sizes[j], sizes[j]:].zero_()
-            Xj = X[off[j]:off[j + 1]]
-            # The RBF kernel is translation invariant; centring first removes the roundoff of the
-            # |x|^2 + |y|^2 - 2<x, y> expansion far from the origin (identical points then give
-            # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
-            K = gram_reference(Xj - Xj.mean(0), None, gamma, False)
-            colmeans.append(K.mean(0))
-            Kc[t, :sizes[j], :sizes[j]] = double_center_(K)  # means over contiguous K, as before
-        mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(
-            Kc, colmeans, [sizes[j] for j in bucket], d, top)
-        for t, j in enumerate(bucket):
-            eigenvalues[j] = mu_b[t]
-            alphas[off[j]:off[j + 1]] = alphas_b[t]
-            mean_proj[j] = mean_proj_b[t]
-    return eigenvalues, alphas, mean_proj
+    nmax = off[bucket[0] + 1] - off[bucket[0]]
+    Kc = torch.empty(len(bucket), nmax, nmax, dtype=X.dtype, device=X.device)  # padding zeroed below
+    colmeans = []
+    for t, j in enumerate(bucket):
+        n = off[j + 1] - off[j]
+        Kc[t, n:].zero_()
+        Kc[t, :n, n:].zero_()
+        Xj = X[off[j]:off[j + 1]]
+        # The RBF kernel is translation invariant; centring first removes the roundoff of the
+        # |x|^2 + |y|^2 - 2<x, y> expansion far from the origin (identical points then give
+        # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
+        K = gram_reference(Xj - Xj.mean(0), None, gamma, False)
+        colmeans.append(K.mean(0))
+        Kc[t, :n, :n] = double_center_(K)  # means over contiguous K
+    return Kc, colmeans
+
+
+_dispatch.register("kpca", "reference")(centred_grams_reference)
 
 
 def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
@@ -277,34 +257,37 @@ def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
     return mu[0], alphas[0], mp[0]
 
 
-def kpca_matrix_free_reference(X, offsets, n_components: int, gamma: float):
+_TOP = {"auto": auto_top, "dense": dense_top, "subspace": subspace_top}
+
+
+def _kpca(X, offsets, d: int, gamma: float, solver: str):
+    """The one bucket loop: clusters grouped by size, each bucket's centred Grams from the
+    dispatched ``kpca`` op, eigen-solved by the solver's ``top``, normalised, scattered back;
+    a bucket whose stored Grams would exceed GRAM_BUDGET_BYTES (or every cluster, for
+    ``matrix_free``) goes matrix-free, one cluster at a time."""
+    m, N = offsets.numel() - 1, X.shape[0]
     off = offsets.tolist()
-    m = len(off) - 1
-    eigenvalues = torch.zeros(m, n_components, dtype=X.dtype, device=X.device)
-    alphas = torch.zeros(X.shape[0], n_components, dtype=X.dtype, device=X.device)
-    mean_proj = torch.zeros(m, n_components, dtype=X.dtype, device=X.device)
-    for j in range(m):
-        eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
-            X[off[j]:off[j + 1]], n_components, gamma)
+    sizes = [off[j + 1] - off[j] for j in range(m)]
+    eigenvalues = torch.zeros(m, d, dtype=X.dtype, device=X.device)
+    alphas = torch.zeros(N, d, dtype=X.dtype, device=X.device)
+    mean_proj = torch.zeros(m, d, dtype=X.dtype, device=X.device)
+    grams = _dispatch.implementation("kpca", X.device.type)
+    for bucket in _buckets(sizes, CPU_BUCKET_RATIO if X.device.type == "cpu" else 2.0):
+        nmax = sizes[bucket[0]]
+        too_large = len(bucket) * nmax * nmax * X.element_size() > GRAM_BUDGET_BYTES
+        if solver == "matrix_free" or (solver != "dense" and too_large):
+            for j in bucket:
+                eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
+                    X[off[j]:off[j + 1]], d, gamma)
+            continue
+        Kc, colmeans = grams(X, off, bucket, gamma)
+        mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(
+            Kc, colmeans, [sizes[j] for j in bucket], d, _TOP[solver])
+        for t, j in enumerate(bucket):
+            eigenvalues[j] = mu_b[t]
+            alphas[off[j]:off[j + 1]] = alphas_b[t]
+            mean_proj[j] = mean_proj_b[t]
     return eigenvalues, alphas, mean_proj
-
-
-def kpca_dense_reference(X, offsets, n_components: int, gamma: float):
-    return _kpca_reference(X, offsets, n_components, gamma, dense_top)
-
-
-def kpca_subspace_reference(X, offsets, n_components: int, gamma: float):
-    return _kpca_reference(X, offsets, n_components, gamma, subspace_top)
-
-
-def kpca_auto_reference(X, offsets, n_components: int, gamma: float):
-    return _kpca_reference(X, offsets, n_components, gamma, auto_top)
-
-
-_dispatch.register("kpca_dense", "reference")(kpca_dense_reference)
-_dispatch.register("kpca_subspace", "reference")(kpca_subspace_reference)
-_dispatch.register("kpca_matrix_free", "reference")(kpca_matrix_free_reference)
-_dispatch.register("kpca_auto", "reference")(kpca_auto_reference)
 
 
 def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: float,
@@ -329,7 +312,7 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
         j = int(sizes.argmin())
         raise ValueError(f"n_components={d} is larger than cluster {j}'s size {int(sizes[j])}; "
                          "lower n_components or merge small clusters")
-    mu, alphas, mean_proj = _dispatch.implementation(_SOLVER_OP[solver], X.device.type)(X, offsets, d, g)
+    mu, alphas, mean_proj = _kpca(X, offsets, d, g, solver)
     n = sizes.to(device=X.device, dtype=X.dtype).unsqueeze(1)
     return KPCAFit(eigenvalues=mu, variances=mu / n, alphas=alphas, mean_projection=mean_proj,
                    offsets=offsets)
@@ -398,7 +381,7 @@ def project_onto_basis(X: torch.Tensor, fit: KPCAFit, B: torch.Tensor, *, gamma:
     """betas[j, i, s] = sum_{a in cluster j} alpha[a, i] k(x_a, b_s) = <v_ji, Phi(b_s)>.
 
     X: (N, D) the fitted data, B: (S, D) basis points. Returns (m, d, S).
-    Exact inner products because sum_a alpha_ai = 0 (DESIGN.md math note 1).
+    Exact inner products because sum_a alpha_ai = 0 (docs/design.md math note 1).
     """
     X = _validate.tensor("X", X, ndim=2)
     B = _validate.tensor("B", B, ndim=2)

@@ -149,14 +149,14 @@ void emu_configure(int64_t device_smem_bytes, uint64_t seed) {
 const char* emu_last_error() { return gkemu::g_error.c_str(); }
 
 #define GK_EMU_JACOBI(SUFFIX, T)                                                                    \
-  int emu_jacobi_eigh_##SUFFIX(const T* A, T* w, T* V, int* info, int64_t batch, int n, T tol,      \
+  int emu_eigh_##SUFFIX(const T* A, T* w, T* V, int* info, int64_t batch, int n, T tol,      \
                                int max_sweeps, int64_t* workspace_bytes) {                          \
     size_t ws = 0;                                                                                  \
-    cudaError_t err = geomkern::cuda::jacobi_eigh_workspace_size<T>(batch, n, &ws);                \
+    cudaError_t err = geomkern::cuda::eigh_workspace_size<T>(batch, n, &ws);                \
     if (err != cudaSuccess) return err;                                                             \
     *workspace_bytes = static_cast<int64_t>(ws);                                                    \
     std::vector<unsigned char> work(ws, 0xff);                                                      \
-    return geomkern::cuda::jacobi_eigh<T>(A, w, V, info, batch, n, tol, max_sweeps,                \
+    return geomkern::cuda::eigh<T>(A, w, V, info, batch, n, tol, max_sweeps,                \
                                           ws ? work.data() : nullptr, ws, nullptr);                 \
   }
 GK_EMU_JACOBI(f32, float)

@@ -30,10 +30,10 @@ int check(cudaStream_t stream) {
     CHECK(cudaMalloc(&V, sizeof(T) * batch * n * n));
     CHECK(cudaMalloc(&info, sizeof(int) * batch));
     size_t ws = 0;
-    CHECK(gk::jacobi_eigh_workspace_size<T>(batch, n, &ws));
+    CHECK(gk::eigh_workspace_size<T>(batch, n, &ws));
     void* work = nullptr;
     if (ws > 0) CHECK(cudaMalloc(&work, ws));
-    CHECK(gk::jacobi_eigh<T>(A, w, V, info, batch, n, T(1e-7), 30, work, ws, stream));
+    CHECK(gk::eigh<T>(A, w, V, info, batch, n, T(1e-7), 30, work, ws, stream));
     CHECK(cudaStreamSynchronize(stream));
     CHECK(cudaFree(A));
     CHECK(cudaFree(w));

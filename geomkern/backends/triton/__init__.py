@@ -1,7 +1,8 @@
 """Loader for the Triton kernels (one module per op family: rbf, kpca, preimage, kmeans).
 
-Importing this package registers the Triton implementations with the dispatcher when ``triton``
-imports; when it does not, ``is_available()`` is False and ``load_error()`` says why. Nothing here
+Importing this package describes the backend to the dispatcher (``why_not``: triton missing, or
+no CUDA device and no interpreter) and registers the Triton implementations when ``triton``
+imports, for the device types of ``_common.DEVICES``. Nothing here
 imports triton at geomkern's import time: the dispatcher imports this package on first use.
 
 The kernels run on CUDA tensors; with ``TRITON_INTERPRET=1`` set before this package is imported
@@ -9,6 +10,12 @@ they run (slowly, for tests) on CPU tensors. None is preferred by ``auto``: an o
 only once a recorded GPU benchmark (benchmarks/test_triton_gpu.py) shows it winning.
 """
 from __future__ import annotations
+
+import os
+
+import torch
+
+from ... import _dispatch
 
 _ERROR = ""
 try:
@@ -22,13 +29,15 @@ except ImportError as exc:
     )
 
 
-def is_available() -> bool:
-    return triton is not None
+def why_not() -> str:
+    if triton is None:
+        return _ERROR
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        return ("Triton kernels need a CUDA device here (or TRITON_INTERPRET=1 to run them in "
+                "Triton's CPU interpreter, for testing)")
+    return ""
 
 
-def load_error() -> str:
-    return _ERROR
-
-
+_dispatch.register_backend("triton", why_not=why_not)
 if triton is not None:
     from . import kmeans, kpca, preimage, rbf  # noqa: F401,E402  (register implementations)

@@ -20,6 +20,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# Device types the kernels serve: CUDA tensors, and CPU tensors under the interpreter (which must
+# be switched on before triton is imported).
+DEVICES = ("cuda", "cpu") if interpreting() else ("cuda",)
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; float32 and the half types accumulate in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32

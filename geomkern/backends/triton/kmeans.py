@@ -73,4 +73,4 @@ def kmeans(X, offsets, k: int, iters: int, seed: int):
 
 # --------------------------------------------------------------------------------- registration
 
-_dispatch.register("kmeans", "triton")(kmeans)
+_dispatch.register("kmeans", "triton", devices=C.DEVICES)(kmeans)

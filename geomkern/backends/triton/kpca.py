@@ -1,10 +1,9 @@
 """Triton kernels for batched kernel PCA: segmented Grams of all clusters in one launch, and the
 projection of every cluster's components onto basis points with K(X, B) never stored.
 
-kpca_dense / kpca_subspace here only build the centred Grams differently from
-geomkern.ops.kpca's references (one fused launch per size bucket instead of per-cluster torch
-ops); the eigen-solves (dense_top / subspace_top) and every normalisation after them are the
-reference's own (``eigenpairs_from_centred_grams``).
+The ``kpca`` op here only builds a size bucket's centred Grams (one fused launch instead of
+per-cluster torch ops); the bucket loop, the solver choice, the eigen-solves and every
+normalisation after them are geomkern.ops.kpca's own, shared by every backend.
 """
 from __future__ import annotations
 
@@ -13,20 +12,19 @@ import triton
 import triton.language as tl
 
 from ... import _dispatch
-from ...ops.kpca import _buckets, auto_top, dense_top, eigenpairs_from_centred_grams, subspace_top
 from . import _common as C
 from .rbf import _sqdist_tile, sym_gram
 
 
 @triton.jit
-def _segment_mean_kernel(X, Offsets, Out, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+def _segment_mean_kernel(X, Starts, Ends, Out, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                          ACC: tl.constexpr):
-    """Out[j, cols] = mean of rows Offsets[j] : Offsets[j + 1] of X (0 for an empty segment);
+    """Out[j, cols] = mean of rows Starts[j] : Ends[j] of X (0 for an empty segment);
     a fixed summation order, so the means (and the Grams built on them) are deterministic."""
     j = tl.program_id(0)
     rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    start = tl.load(Offsets + j)
-    end = tl.load(Offsets + j + 1)
+    start = tl.load(Starts + j)
+    end = tl.load(Ends + j)
     acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=ACC)
     for r0 in range(start, end, BLOCK_R):
         rr = r0 + tl.arange(0, BLOCK_R)
@@ -64,15 +62,16 @@ def _projection_kernel(X, Alphas, Offsets, B, Params, Out, D, S, d, BLOCK_A: tl.
 
 # ------------------------------------------------------------------------------------ launchers
 
-def segment_means(X: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """(m, D) per-segment means of X's rows in float32 (float64 for float64 X); 0 for empty."""
+def segment_means(X: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """(m, D) means of X's row ranges starts[j]:ends[j] (int64 (m,) on X's device), in float32
+    (float64 for float64 X); 0 for an empty range."""
     X = X.contiguous()
-    m, D = offsets.numel() - 1, X.shape[1]
+    m, D = starts.numel(), X.shape[1]
     out = C.empty((m, D), C.compute_dtype(X.dtype), X.device)
     if m and D:
         BLOCK_D = C.block(D, 16, 128)
         _segment_mean_kernel[(m, triton.cdiv(D, BLOCK_D))](
-            X, offsets, out, D, BLOCK_R=32, BLOCK_D=BLOCK_D, ACC=C.acc_type(X.dtype))
+            X, starts.contiguous(), ends.contiguous(), out, D, BLOCK_R=32, BLOCK_D=BLOCK_D, ACC=C.acc_type(X.dtype))
     return out
 
 
@@ -88,49 +87,20 @@ def segmented_gram(X: torch.Tensor, offsets: torch.Tensor, gamma: float, center:
     sizes = offsets[1:] - offsets[:-1]
     nmax = int(sizes.max()) if sizes.numel() else 0  # the output shape: one host sync
     return sym_gram(X, offsets[:-1], sizes, nmax, gamma, center, precision,
-                    shifts=segment_means(X, offsets))[0]
+                    shifts=segment_means(X, offsets[:-1], offsets[1:]))[0]
 
 
-def _kpca(X, offsets, n_components: int, gamma: float, top, precision: str):
-    """Clusters bucketed by size as the reference does (at most 2x padding per side), one fused
-    centred-Gram launch per bucket, then the reference's eigen-solve ``top`` and normalisation."""
-    m, d, N = offsets.numel() - 1, n_components, X.shape[0]
-    off = offsets.tolist()
-    sizes = [off[j + 1] - off[j] for j in range(m)]
-    dev, dtype = X.device, X.dtype
-    eigenvalues = torch.zeros(m, d, dtype=dtype, device=dev)
-    alphas = torch.zeros(N, d, dtype=dtype, device=dev)
-    mean_proj = torch.zeros(m, d, dtype=dtype, device=dev)
-    means = segment_means(X, offsets)
-    starts, counts = offsets[:-1], offsets[1:] - offsets[:-1]
-    for bucket in _buckets(sizes):
-        idx = torch.tensor(bucket, dtype=torch.int64, device=dev)
-        Kc, row_means = sym_gram(X, starts[idx], counts[idx], sizes[bucket[0]], gamma, True,
-                                 precision, shifts=means[idx])
-        bsizes = [sizes[j] for j in bucket]
-        # K is symmetric: its column means are its row means
-        colmeans = [row_means[t, :n].to(dtype) for t, n in enumerate(bsizes)]
-        mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(Kc, colmeans, bsizes, d, top)
-        for t, j in enumerate(bucket):
-            eigenvalues[j] = mu_b[t]
-            alphas[off[j]:off[j + 1]] = alphas_b[t]
-            mean_proj[j] = mean_proj_b[t]
-    return eigenvalues, alphas, mean_proj
-
-
-def kpca_dense(X, offsets, n_components: int, gamma: float, precision: str = "ieee"):
-    """Same contract as geomkern.ops.kpca.kpca_dense_reference (full batched eigh)."""
-    return _kpca(X, offsets, n_components, gamma, dense_top, precision)
-
-
-def kpca_subspace(X, offsets, n_components: int, gamma: float, precision: str = "ieee"):
-    """Same contract as geomkern.ops.kpca.kpca_subspace_reference (block Krylov iteration)."""
-    return _kpca(X, offsets, n_components, gamma, subspace_top, precision)
-
-
-def kpca_auto(X, offsets, n_components: int, gamma: float, precision: str = "ieee"):
-    """Same contract as geomkern.ops.kpca.kpca_auto_reference (dense or Krylov by size)."""
-    return _kpca(X, offsets, n_components, gamma, auto_top, precision)
+def centred_grams(X, off: list, bucket: list, gamma: float, precision: str = "ieee"):
+    """Same contract as geomkern.ops.kpca.centred_grams_reference: one fused centred-Gram launch
+    for the bucket (each cluster moved to its mean first, as the reference does)."""
+    dev = X.device
+    sizes = [off[j + 1] - off[j] for j in bucket]
+    starts = torch.tensor([off[j] for j in bucket], dtype=torch.int64, device=dev)
+    counts = torch.tensor(sizes, dtype=torch.int64, device=dev)
+    shifts = segment_means(X, starts, starts + counts)
+    Kc, row_means = sym_gram(X, starts, counts, sizes[0], gamma, True, precision, shifts=shifts)
+    # K is symmetric: its column means are its row means
+    return Kc, [row_means[t, :n].to(X.dtype) for t, n in enumerate(sizes)]
 
 
 def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = "ieee"):
@@ -153,7 +123,5 @@ def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = "ie
 
 # --------------------------------------------------------------------------------- registration
 
-_dispatch.register("kpca_dense", "triton")(kpca_dense)
-_dispatch.register("kpca_subspace", "triton")(kpca_subspace)
-_dispatch.register("kpca_auto", "triton")(kpca_auto)
-_dispatch.register("project_onto_basis", "triton")(project_onto_basis)
+_dispatch.register("kpca", "triton", devices=C.DEVICES)(centred_grams)
+_dispatch.register("project_onto_basis", "triton", devices=C.DEVICES)(project_onto_basis)

@@ -122,5 +122,5 @@ def preimage_fixed_point(Z0, B, A, gamma: float, steps: int, precision: str = "i
 
 # --------------------------------------------------------------------------------- registration
 
-_dispatch.register("preimage_gd", "triton")(preimage_gd)
-_dispatch.register("preimage_fixed_point", "triton")(preimage_fixed_point)
+_dispatch.register("preimage_gd", "triton", devices=C.DEVICES)(preimage_gd)
+_dispatch.register("preimage_fixed_point", "triton", devices=C.DEVICES)(preimage_fixed_point)

@@ -270,5 +270,5 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = "ieee") -> torch.Tensor:
 
 # --------------------------------------------------------------------------------- registration
 
-_dispatch.register("rbf_gram", "triton")(rbf_gram)
-_dispatch.register("rbf_matmul", "triton")(rbf_matmul)
+_dispatch.register("rbf_gram", "triton", devices=C.DEVICES)(rbf_gram)
+_dispatch.register("rbf_matmul", "triton", devices=C.DEVICES)(rbf_matmul)

@@ -87,7 +87,7 @@ struct Layout {
 
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
-jacobi_eigh_kernel(const T* __restrict__ A, T* __restrict__ w_out, T* __restrict__ v_out,
+eigh_kernel(const T* __restrict__ A, T* __restrict__ w_out, T* __restrict__ v_out,
                    int* __restrict__ info, int n, W tol, int max_sweeps, W* __restrict__ gwork) {
   extern __shared__ __align__(16) unsigned char gk_smem[];
   const Layout L(n, blockDim.x);
@@ -275,7 +275,7 @@ bool fits_in_shared(const Layout& L, size_t max_bytes) {
 }  // namespace
 
 template <typename T>
-cudaError_t jacobi_eigh_workspace_size(int64_t batch, int n, size_t* bytes) {
+cudaError_t eigh_workspace_size(int64_t batch, int n, size_t* bytes) {
   if (bytes == nullptr || batch < 0 || n < 1 || n > kJacobiMaxN) return cudaErrorInvalidValue;
   cudaError_t err;
   const size_t max_bytes = static_cast<size_t>(max_shared_bytes(&err));
@@ -286,7 +286,7 @@ cudaError_t jacobi_eigh_workspace_size(int64_t batch, int n, size_t* bytes) {
 }
 
 template <typename T>
-cudaError_t jacobi_eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, int64_t batch,
+cudaError_t eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, int64_t batch,
                         int n, T tol, int max_sweeps, void* workspace, size_t workspace_bytes,
                         cudaStream_t stream) {
   if (batch < 0 || batch > 0x7fffffff || n < 1 || n > kJacobiMaxN || max_sweeps < 0 || !(tol >= T(0)))
@@ -306,7 +306,7 @@ cudaError_t jacobi_eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, 
     gwork = static_cast<W*>(workspace);
   }
   if (smem > max_bytes) return cudaErrorInvalidValue;
-  auto kernel = jacobi_eigh_kernel<T>;
+  auto kernel = eigh_kernel<T>;
   err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -319,11 +319,11 @@ cudaError_t jacobi_eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, 
                             max_sweeps, gwork);
 }
 
-template cudaError_t jacobi_eigh_workspace_size<float>(int64_t, int, size_t*);
-template cudaError_t jacobi_eigh_workspace_size<double>(int64_t, int, size_t*);
-template cudaError_t jacobi_eigh<float>(const float*, float*, float*, int*, int64_t, int, float, int,
+template cudaError_t eigh_workspace_size<float>(int64_t, int, size_t*);
+template cudaError_t eigh_workspace_size<double>(int64_t, int, size_t*);
+template cudaError_t eigh<float>(const float*, float*, float*, int*, int64_t, int, float, int,
                                         void*, size_t, cudaStream_t);
-template cudaError_t jacobi_eigh<double>(const double*, double*, double*, int*, int64_t, int, double,
+template cudaError_t eigh<double>(const double*, double*, double*, int*, int64_t, int, double,
                                          int, void*, size_t, cudaStream_t);
 
 }  // namespace cuda

@@ -1,0 +1,50 @@
+"""Batched symmetric eigen-decomposition, the ``eigh`` family: the public op, its validation and
+its torch reference, and the output convention every backend follows (top k, descending, each
+eigenvector's largest-magnitude entry positive). Fast paths of the same name: the CUDA Jacobi
+kernel (csrc/cuda/eigh.cu, registered by geomkern/backends/native) and CuPy
+(geomkern/backends/cupy)."""
+from __future__ import annotations
+
+import torch
+
+from .. import _dispatch, _validate
+
+
+def sign_fix(U: torch.Tensor) -> torch.Tensor:
+    """Flip columns of (..., n, d) so each column's largest-|.| entry is positive (first on ties)."""
+    idx = U.abs().argmax(dim=-2, keepdim=True)
+    s = torch.sign(torch.gather(U, -2, idx))
+    return U * torch.where(s == 0, torch.ones_like(s), s)
+
+
+def top_eigenpairs(vals: torch.Tensor, vecs: torch.Tensor, k: int):
+    """Ascending eigh output -> the top k, descending, in the public sign convention."""
+    return vals.flip(-1)[..., :k], sign_fix(vecs.flip(-1)[..., :k])
+
+
+def eigh_reference(A, k):
+    return top_eigenpairs(*torch.linalg.eigh(A), k)
+
+
+_dispatch.register("eigh", "reference")(eigh_reference)
+
+
+def eigh(A: torch.Tensor, *, k: int | None = None):
+    """Batched symmetric eigen-decomposition.
+
+    A: (..., n, n) symmetric. Returns eigenvalues (..., k) descending and eigenvectors (..., n, k)
+    (columns; each column's largest-|.| entry positive). k defaults to n.
+    """
+    A = _validate.tensor("A", A, ndim=tuple(range(2, 8)))
+    n = A.shape[-1]
+    if A.shape[-2] != n:
+        raise ValueError(f"A must be square in its last two dims, got shape {tuple(A.shape)}")
+    k = n if k is None else _validate.positive_int("k", k)
+    if k > n:
+        raise ValueError(f"k={k} is larger than the matrix size n={n}")
+    asym = (A - A.transpose(-1, -2)).abs().amax()
+    scale = A.abs().amax().clamp_min(torch.finfo(A.dtype).tiny)
+    if float(asym) > 100 * torch.finfo(A.dtype).eps * float(scale) * n:
+        raise ValueError(f"A is not symmetric (max |A - A^T| = {float(asym):.3g}); "
+                         "symmetrise it with (A + A.mT) / 2 if that is what you mean")
+    return _dispatch.implementation("eigh", A.device.type)(A, k)
