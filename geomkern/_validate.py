@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import torch
 
@@ -27,10 +28,32 @@ def tensor(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = Fals
                         f"{names} (convert with {name}.float() or {name}.double())")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); it needs at least one row")
-    if finite and t.numel() and not bool(torch.isfinite(t).all()):
+    if t.requires_grad:
+        raise ValueError(f"{name} requires grad, but geomkern's ops are not differentiable (their "
+                         f"results would carry no gradient); pass {name}.detach()")
+    if finite and t.numel():
+        _finite_and_in_range(name, t)
+    return t.contiguous()
+
+
+def _finite_and_in_range(name: str, t: torch.Tensor) -> None:
+    """NaN/Inf, and values so large that the ops' squared norms and distances would overflow.
+
+    Every op forms |x|^2 + |y|^2 - 2<x, y> (or x x^T) in the compute dtype (float32 for the half
+    types), whose magnitude is at most 4 D max|x|^2: above that bound the result would be
+    Inf - Inf = NaN, so such input is refused rather than returned as NaN."""
+    biggest = float(t.abs().amax())  # NaN or Inf when any element is
+    if not math.isfinite(biggest):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name} contains {bad} NaN/Inf value(s); clean or drop those rows first")
-    return t.contiguous()
+    compute = torch.float64 if t.dtype == torch.float64 else torch.float32
+    D = t.shape[-1] if t.dim() else 1
+    limit = math.sqrt(torch.finfo(compute).max / (4.0 * max(D, 1)))
+    if biggest > limit:
+        raise ValueError(
+            f"{name} has values up to {biggest:.3g}; squared norms and distances of rows of "
+            f"{D} such values overflow {str(compute).replace('torch.', '')} (|values| must stay below "
+            f"{limit:.3g}): rescale {name} (an RBF kernel's gamma scales by 1/factor^2) or use float64")
 
 
 def same_device_dtype(**tensors: torch.Tensor) -> None:
@@ -114,6 +137,45 @@ def labels(name: str, y, n: int, n_classes: int, *, device: torch.device) -> tor
         raise ValueError(f"{name} values must lie in [0, n_classes={n_classes}), got range "
                          f"[{int(y.min())}, {int(y.max())}]")
     return y.long()
+
+
+def finite_positive(name: str, v) -> float:
+    """A finite real number > 0 (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    v = float(v)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {v}")
+    return v
+
+
+def _physical_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):  # not a POSIX system: no check
+            return None
+    return None
+
+
+def allocation(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse an output larger than the device's memory before allocating it (torch would
+    either fail with an allocator message that names no argument or make the machine swap)."""
+    nbytes = math.prod(int(s) for s in shape) * torch.empty((), dtype=dtype).element_size()
+    total = _physical_memory(device)
+    if total is not None and nbytes > total:
+        raise ValueError(f"{name} would need {_human(nbytes)} ({tuple(shape)} "
+                         f"{str(dtype).replace('torch.', '')}) but {device.type} has "
+                         f"{_human(total)} in all; split the input into smaller calls")
+
+
+def _human(nbytes: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def choice(name: str, v, options: tuple[str, ...]) -> str:

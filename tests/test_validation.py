@@ -182,7 +182,7 @@ def test_preimage_operand_checks():
         gk.preimage(Z0, B, T[:, :2], gamma=0.5, method="coordinates", proj=torch.ones(2, 9))
     with pytest.raises(ValueError, match=r"proj is only used by method='coordinates'"):
         gk.preimage(Z0, B, T, gamma=0.5, proj=torch.ones(2, 9, dtype=F64))
-    with pytest.raises(ValueError, match=r"lr must be a number > 0"):
+    with pytest.raises(ValueError, match=r"lr must be a finite number > 0"):
         gk.preimage(Z0, B, T, gamma=0.5, lr=-1.0)
     with pytest.raises(ValueError, match=r"lr must be > 0"):
         gk.preimage(Z0, B, T, gamma=0.5, lr=torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=F64))
@@ -190,7 +190,7 @@ def test_preimage_operand_checks():
         gk.preimage(Z0, B, T, gamma=0.5, lr=torch.ones(3, dtype=F64))
     with pytest.raises(ValueError, match=r"lr is only used by method='gd'"):
         gk.preimage(Z0, B, T, gamma=0.5, method="fixed_point", lr=0.1)
-    with pytest.raises(ValueError, match=r"ridge must be a number > 0"):
+    with pytest.raises(ValueError, match=r"ridge must be a finite number > 0"):
         gk.preimage(Z0, B, T, gamma=0.5, method="fixed_point", ridge=0.0)
     with pytest.raises(ValueError, match=r"steps must be >= 0"):
         gk.preimage(Z0, B, T, gamma=0.5, steps=-1)

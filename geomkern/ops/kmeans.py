@@ -6,19 +6,18 @@ import math
 import torch
 
 from .. import _dispatch, _validate
+from ._segments import buckets
 
 
-def _pad(X, offsets):
-    off = offsets.tolist()
-    m = len(off) - 1
-    sizes = [off[j + 1] - off[j] for j in range(m)]
-    nmax = max(sizes)
-    Xp = X.new_zeros(m, nmax, X.shape[1])
-    mask = torch.zeros(m, nmax, dtype=torch.bool, device=X.device)
-    for j in range(m):
-        Xp[j, :sizes[j]] = X[off[j]:off[j + 1]]
-        mask[j, :sizes[j]] = True
-    return Xp, mask, off, sizes
+def _pad(X, off: list, bucket: list):
+    """The bucket's segments zero-padded to its largest: (b, nmax, D) points and (b, nmax) mask."""
+    sizes = [off[j + 1] - off[j] for j in bucket]
+    Xp = X.new_zeros(len(bucket), max(sizes), X.shape[1])
+    mask = torch.zeros(len(bucket), max(sizes), dtype=torch.bool, device=X.device)
+    for t, j in enumerate(bucket):
+        Xp[t, :sizes[t]] = X[off[j]:off[j + 1]]
+        mask[t, :sizes[t]] = True
+    return Xp, mask, sizes
 
 
 def _bsqdist(P, C):
@@ -59,24 +58,34 @@ def assign_reference(P, C):
 
 def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
     """k-means++ init and Lloyd iterations over all segments; ``assign`` is the nearest-centre
-    step (:func:`assign_reference` or a backend's fused kernel), the only part backends replace."""
-    Xp, mask, off, sizes = _pad(X, offsets)
+    step (:func:`assign_reference` or a backend's fused kernel), the only part backends replace.
+
+    Segments are batched in size buckets (at most 2x padding per side), so the padded work
+    arrays grow with the data, not with the number of segments times the largest one."""
+    off = offsets.tolist()
+    m, D = len(off) - 1, X.shape[1]
     gen = torch.Generator(device=X.device).manual_seed(seed)
-    centers = _kmeanspp(Xp, mask, k, gen)
-    weights = mask.to(X.dtype)
-    labels = None
-    for _ in range(iters + 1):
-        new_labels = assign(Xp, centers)  # (m, n)
-        if labels is not None and bool(((new_labels != labels) & mask).sum() == 0):
-            break  # assignments stable: centres are the means of their points
-        labels = new_labels
-        sums = torch.zeros_like(centers).scatter_add_(
-            1, labels.unsqueeze(-1).expand_as(Xp), Xp * weights.unsqueeze(-1))
-        cnt = torch.zeros(centers.shape[:2], dtype=X.dtype, device=X.device).scatter_add_(1, labels, weights)
-        # An emptied cluster keeps its old centre rather than becoming NaN.
-        centers = torch.where(cnt.unsqueeze(-1) > 0, sums / cnt.clamp_min(1).unsqueeze(-1), centers)
-    flat = torch.cat([labels[j, :sizes[j]] for j in range(len(sizes))])
-    return flat, centers
+    labels_out = torch.empty(X.shape[0], dtype=torch.int64, device=X.device)
+    centers_out = X.new_empty(m, k, D)
+    for bucket in buckets([off[j + 1] - off[j] for j in range(m)], 2.0):
+        Xp, mask, sizes = _pad(X, off, bucket)
+        centers = _kmeanspp(Xp, mask, k, gen)
+        weights = mask.to(X.dtype)
+        labels = None
+        for _ in range(iters + 1):
+            new_labels = assign(Xp, centers)  # (b, n)
+            if labels is not None and bool(((new_labels != labels) & mask).sum() == 0):
+                break  # assignments stable: centres are the means of their points
+            labels = new_labels
+            sums = torch.zeros_like(centers).scatter_add_(
+                1, labels.unsqueeze(-1).expand_as(Xp), Xp * weights.unsqueeze(-1))
+            cnt = torch.zeros(centers.shape[:2], dtype=X.dtype, device=X.device).scatter_add_(1, labels, weights)
+            # An emptied cluster keeps its old centre rather than becoming NaN.
+            centers = torch.where(cnt.unsqueeze(-1) > 0, sums / cnt.clamp_min(1).unsqueeze(-1), centers)
+        for t, j in enumerate(bucket):
+            labels_out[off[j]:off[j + 1]] = labels[t, :sizes[t]]
+            centers_out[j] = centers[t]
+    return labels_out, centers_out
 
 
 def kmeans_reference(X, offsets, k: int, iters: int, seed: int):

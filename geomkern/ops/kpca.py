@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _dispatch, _validate
+from ._segments import buckets
 from .eigh import sign_fix
 from .rbf import _sqdist, double_center, double_center_, gram_reference
 
@@ -42,6 +43,9 @@ class KPCAFit:
     mean_projection: (m, d) <v_i, mean Phi> = sum_a alpha_ai mean_c k(x_a, x_c); a centred
         score is p_i(z) = sum_a alpha_ai k(z, x_a) - mean_projection_i.
     offsets: (m+1,) int64 CSR boundaries, as passed in.
+    gamma: the kernel width it was fitted with; fingerprint: a checksum of the fitted X (see
+        :func:`fingerprint`). kpca_transform and project_onto_basis refuse another gamma or X
+        (None, for a fit assembled by hand: not checked).
     """
 
     eigenvalues: torch.Tensor
@@ -49,6 +53,8 @@ class KPCAFit:
     alphas: torch.Tensor
     mean_projection: torch.Tensor
     offsets: torch.Tensor
+    gamma: float | None = None
+    fingerprint: torch.Tensor | None = None
 
     @property
     def n_clusters(self) -> int:
@@ -59,16 +65,13 @@ class KPCAFit:
         return self.eigenvalues.shape[1]
 
 
-def _buckets(sizes: list[int], ratio: float = 2.0) -> list[list[int]]:
-    """Group clusters so each padded batch is at most ``ratio`` x its smallest member per side."""
-    order = sorted(range(len(sizes)), key=lambda j: -sizes[j])
-    out: list[list[int]] = []
-    for j in order:
-        if out and sizes[out[-1][0]] <= ratio * sizes[j]:
-            out[-1].append(j)
-        else:
-            out.append([j])
-    return out
+def fingerprint(X: torch.Tensor) -> torch.Tensor:
+    """(3,) float64 on X's device: sum, sum of squares and a row-position-weighted sum of X.
+    Any change of a value or of the row order changes it (barring exact cancellation); one pass
+    over X, no host copy."""
+    rows = X.sum(1, dtype=torch.float64)
+    pos = torch.arange(1, X.shape[0] + 1, dtype=torch.float64, device=X.device)
+    return torch.stack([rows.sum(), X.square().sum(dtype=torch.float64), (rows * pos).sum()])
 
 
 def dense_top(Kc: torch.Tensor, d: int):
@@ -272,7 +275,7 @@ def _kpca(X, offsets, d: int, gamma: float, solver: str):
     alphas = torch.zeros(N, d, dtype=X.dtype, device=X.device)
     mean_proj = torch.zeros(m, d, dtype=X.dtype, device=X.device)
     grams = _dispatch.implementation("kpca", X.device.type)
-    for bucket in _buckets(sizes, CPU_BUCKET_RATIO if X.device.type == "cpu" else 2.0):
+    for bucket in buckets(sizes, CPU_BUCKET_RATIO if X.device.type == "cpu" else 2.0):
         nmax = sizes[bucket[0]]
         too_large = len(bucket) * nmax * nmax * X.element_size() > GRAM_BUDGET_BYTES
         if solver == "matrix_free" or (solver != "dense" and too_large):
@@ -315,16 +318,22 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
     mu, alphas, mean_proj = _kpca(X, offsets, d, g, solver)
     n = sizes.to(device=X.device, dtype=X.dtype).unsqueeze(1)
     return KPCAFit(eigenvalues=mu, variances=mu / n, alphas=alphas, mean_projection=mean_proj,
-                   offsets=offsets)
+                   offsets=offsets, gamma=g, fingerprint=fingerprint(X))
 
 
-def _check_fit(fit, X: torch.Tensor) -> None:
+def _check_fit(fit, X: torch.Tensor, gamma: float) -> None:
     if not isinstance(fit, KPCAFit):
         raise TypeError(f"fit must be the KPCAFit returned by gk.kpca, got {type(fit).__name__}")
     if fit.alphas.shape[0] != X.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but fit was computed on {fit.alphas.shape[0]}; "
                          "pass the same X that gk.kpca was fitted on")
     _validate.same_device_dtype(X=X, **{"fit.alphas": fit.alphas})
+    if fit.gamma is not None and gamma != fit.gamma:
+        raise ValueError(f"gamma={gamma} but fit was computed with gamma={fit.gamma}; the dual "
+                         "coefficients only describe the components under the fitted kernel")
+    if fit.fingerprint is not None and not torch.equal(fingerprint(X), fit.fingerprint.to(X.device)):
+        raise ValueError("X differs from the X that gk.kpca was fitted on (same shape, other values or "
+                         "row order); pass the fitted X")
 
 
 def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: float,
@@ -338,8 +347,8 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
     X = _validate.tensor("X", X, ndim=2)
     _validate.same_device_dtype(Z=Z, X=X)
     _validate.same_dim("Z", Z, "X", X)
-    _check_fit(fit, X)
     g = _validate.gamma(gamma)
+    _check_fit(fit, X, g)
     m = fit.n_clusters
     if isinstance(segment, torch.Tensor):
         if segment.dtype != torch.int64 or segment.shape != (Z.shape[0],):
@@ -387,6 +396,7 @@ def project_onto_basis(X: torch.Tensor, fit: KPCAFit, B: torch.Tensor, *, gamma:
     B = _validate.tensor("B", B, ndim=2)
     _validate.same_device_dtype(X=X, B=B)
     _validate.same_dim("X", X, "B", B)
-    _check_fit(fit, X)
     g = _validate.gamma(gamma)
+    _check_fit(fit, X, g)
+    _validate.allocation("betas", (fit.n_clusters, fit.n_components, B.shape[0]), X.dtype, X.device)
     return _dispatch.implementation("project_onto_basis", X.device.type)(X, fit.alphas, fit.offsets, B, g)

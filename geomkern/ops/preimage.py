@@ -1,7 +1,7 @@
 """Batched pre-image solvers for RBF feature-space targets.
 
 Given basis points B (S, D) and, per point, a feature-space target described by kernel values
-T_s = <Psi, Phi(b_s)>, find z with k(z, B) ~ T. Three methods (DESIGN.md, math note 4):
+T_s = <Psi, Phi(b_s)>, find z with k(z, B) ~ T. Three methods (docs/design.md, math note 4):
 
 * ``gd`` — the paper's Eq. 14: plain gradient descent on f(z) = sum_s (k(z, b_s) - T_s)^2,
   gradient -4 gamma sum_s r_s k_s (z - b_s) with r = k(z, B) - T.
@@ -52,11 +52,13 @@ def gd_reference(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor) -> torch.
     return out
 
 
-def fixed_point_coefficients(B: torch.Tensor, T: torch.Tensor, gamma: float, ridge: float) -> torch.Tensor:
-    """a = T (G + ridge I)^-1, the expansion of each target in Phi(B) (G has unit diagonal).
+def fixed_point_factor(B: torch.Tensor, gamma: float, ridge: float) -> torch.Tensor:
+    """The float64 Cholesky factor (S, S) of G + ridge I, G = K(B, B): what
+    :func:`fixed_point_coefficients` solves with. Build it once to reuse it across calls with one
+    basis (``fedmc.prepare`` does).
 
-    Solved in float64 whatever the input dtype: with near-duplicate basis points G is nearly
-    singular and a float32 Cholesky of G + 1e-6 I can fail (S = 300 points on a line did).
+    float64 whatever the input dtype: with near-duplicate basis points G is nearly singular and a
+    float32 Cholesky of G + 1e-6 I can fail (S = 300 points on a line did).
     """
     B64 = B.double()
     G = _kernel(B64, B64, gamma)
@@ -65,6 +67,14 @@ def fixed_point_coefficients(B: torch.Tensor, T: torch.Tensor, gamma: float, rid
     if int(info) != 0:
         raise ValueError(f"fixed_point: the GAB Gram G + ridge*I is not positive definite even in float64 "
                          f"(ridge={ridge}); raise ridge or remove duplicate basis points")
+    return L
+
+
+def fixed_point_coefficients(B: torch.Tensor, T: torch.Tensor, gamma: float, ridge: float,
+                             factor: torch.Tensor | None = None) -> torch.Tensor:
+    """a = T (G + ridge I)^-1, the expansion of each target in Phi(B) (G has unit diagonal), solved
+    in float64 with ``factor`` (from :func:`fixed_point_factor`; built here when None)."""
+    L = fixed_point_factor(B, gamma, ridge) if factor is None else factor
     return torch.cholesky_solve(T.T.double(), L).T.to(T.dtype).contiguous()
 
 
@@ -131,41 +141,17 @@ _dispatch.register("preimage_fixed_point", "reference")(fixed_point_reference)
 _dispatch.register("preimage_coordinates", "reference")(coordinates_reference)
 
 
-def preimage_loss(Z, B, targets, *, gamma, proj=None) -> torch.Tensor:
-    """Per-point objective: sum_s (k(z, b_s) - T_s)^2, or |A k(z, B) - c|^2 when ``proj`` is given."""
-    k = _kernel(Z, B, gamma)
-    if proj is None:
-        r = k - targets
-    else:
-        r = ((proj if proj.dim() == 3 else proj.unsqueeze(0)) * k.unsqueeze(1)).sum(-1) - targets
-    return (r * r).sum(1)
-
-
-def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma: float,
-             method: str = "gd", steps: int = 100, lr=None, proj: torch.Tensor | None = None,
-             ridge: float = 1e-6, return_loss: bool = False):
-    """Batched pre-image: one z per row of Z0, all solved together.
-
-    Z0: (b, D) starting points; B: (S, D) basis points.
-    targets: (b, S) kernel values for ``gd``/``fixed_point``; (b, d) coordinates for
-    ``coordinates``, which also needs ``proj``: (d, S) shared or (b, d, S) per point.
-    lr: ``gd`` step, a float or (b,) tensor; None picks :func:`default_gd_lr`.
-    ridge: Tikhonov term on G for ``fixed_point``.
-    Returns Z (b, D), and the per-point final loss (b,) when ``return_loss``.
-    """
+def _check_problem(Z0, B, targets, proj, *, coordinates: bool):
+    """Shared boundary checks of :func:`preimage` and :func:`preimage_loss`."""
     Z0 = _validate.tensor("Z0", Z0, ndim=2)
     B = _validate.tensor("B", B, ndim=2)
     targets = _validate.tensor("targets", targets, ndim=2)
     _validate.same_device_dtype(Z0=Z0, B=B, targets=targets)
     _validate.same_dim("Z0", Z0, "B", B)
-    method = _validate.choice("method", method, METHODS)
-    steps = _validate.positive_int("steps", steps, minimum=0)
-    g = _validate.gamma(gamma)
     b, S = Z0.shape[0], B.shape[0]
     if targets.shape[0] != b:
         raise ValueError(f"targets must have one row per row of Z0 ({b}), got shape {tuple(targets.shape)}")
-    dev = Z0.device.type
-    if method == "coordinates":
+    if coordinates:
         if proj is None:
             raise ValueError("method='coordinates' needs proj: the (d, S) or (b, d, S) map from "
                              "kernel values k(z, B) to the d coordinates being matched")
@@ -175,25 +161,70 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
         if proj.shape[-2:] != (d, S) or (proj.dim() == 3 and proj.shape[0] != b):
             raise ValueError(f"proj must have shape ({d}, {S}) or ({b}, {d}, {S}) to match "
                              f"targets (b, d) and B (S, D), got {tuple(proj.shape)}")
+    elif targets.shape[1] != S:
+        raise ValueError(f"targets must have one column per basis point (S={S}), "
+                         f"got shape {tuple(targets.shape)}")
+    return Z0, B, targets, proj
+
+
+def _loss(Z, B, targets, gamma: float, proj=None) -> torch.Tensor:
+    k = _kernel(Z, B, gamma)
+    if proj is None:
+        r = k - targets
+    else:
+        r = ((proj if proj.dim() == 3 else proj.unsqueeze(0)) * k.unsqueeze(1)).sum(-1) - targets
+    return (r * r).sum(1)
+
+
+def preimage_loss(Z, B, targets, *, gamma, proj=None) -> torch.Tensor:
+    """Per-point objective (b,): sum_s (k(z, b_s) - T_s)^2, or |A k(z, B) - c|^2 when ``proj``
+    (the ``coordinates`` map, (d, S) or (b, d, S)) is given. Shapes as in :func:`preimage`."""
+    Z, B, targets, proj = _check_problem(Z, B, targets, proj, coordinates=proj is not None)
+    return _loss(Z, B, targets, _validate.gamma(gamma), proj)
+
+
+def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma: float,
+             method: str = "gd", steps: int = 100, lr=None, proj: torch.Tensor | None = None,
+             ridge: float = 1e-6, factor: torch.Tensor | None = None, return_loss: bool = False):
+    """Batched pre-image: one z per row of Z0, all solved together.
+
+    Z0: (b, D) starting points; B: (S, D) basis points.
+    targets: (b, S) kernel values for ``gd``/``fixed_point``; (b, d) coordinates for
+    ``coordinates``, which also needs ``proj``: (d, S) shared or (b, d, S) per point.
+    lr: ``gd`` step, a float or (b,) tensor; None picks :func:`default_gd_lr`.
+    ridge: Tikhonov term on G for ``fixed_point``.
+    factor: for ``fixed_point``, the (S, S) float64 Cholesky factor of G + ridge I from
+    :func:`fixed_point_factor` (computed with this ``ridge``), to skip rebuilding it per call.
+    Returns Z (b, D), and the per-point final loss (b,) when ``return_loss``.
+    """
+    method = _validate.choice("method", method, METHODS)
+    if factor is not None and method != "fixed_point":
+        raise ValueError(f"factor is only used by method='fixed_point', not {method!r}")
+    if method != "coordinates" and proj is not None:
+        raise ValueError(f"proj is only used by method='coordinates', not {method!r}")
+    Z0, B, targets, proj = _check_problem(Z0, B, targets, proj, coordinates=method == "coordinates")
+    steps = _validate.positive_int("steps", steps, minimum=0)
+    g = _validate.gamma(gamma)
+    S = B.shape[0]
+    dev = Z0.device.type
+    if method == "coordinates":
         Z = _dispatch.implementation("preimage_coordinates", dev)(Z0, B, targets, proj, g, steps)
     else:
-        if proj is not None:
-            raise ValueError(f"proj is only used by method='coordinates', not {method!r}")
-        if targets.shape[1] != S:
-            raise ValueError(f"targets must have one column per basis point (S={S}), "
-                             f"got shape {tuple(targets.shape)}")
         if method == "gd":
             lr_t = _gd_lr(lr, Z0, B, g)
             Z = _dispatch.implementation("preimage_gd", dev)(Z0, B, targets, g, steps, lr_t)
         else:
             if lr is not None:
                 raise ValueError("lr is only used by method='gd'")
-            if not (isinstance(ridge, (int, float)) and ridge > 0):
-                raise ValueError(f"ridge must be a number > 0, got {ridge!r}")
-            A = fixed_point_coefficients(B, targets, g, float(ridge))
+            ridge = _validate.finite_positive("ridge", ridge)
+            if factor is not None and (not isinstance(factor, torch.Tensor) or factor.dtype != torch.float64
+                                       or factor.shape != (S, S) or factor.device != B.device):
+                raise ValueError(f"factor must be the float64 ({S}, {S}) Cholesky factor on {B.device} from "
+                                 "fixed_point_factor(B, gamma, ridge)")
+            A = fixed_point_coefficients(B, targets, g, ridge, factor)
             Z = _dispatch.implementation("preimage_fixed_point", dev)(Z0, B, A, g, steps)
     if return_loss:
-        return Z, preimage_loss(Z, B, targets, gamma=g, proj=proj)
+        return Z, _loss(Z, B, targets, g, proj)
     return Z
 
 
@@ -209,6 +240,4 @@ def _gd_lr(lr, Z0, B, gamma) -> torch.Tensor:
         if bool((lr <= 0).any()):
             raise ValueError("lr must be > 0")
         return lr.to(device=Z0.device, dtype=Z0.dtype).contiguous()
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr must be a number > 0 or None (automatic), got {lr!r}")
-    return torch.full((b,), float(lr), dtype=Z0.dtype, device=Z0.device)
+    return torch.full((b,), _validate.finite_positive("lr", lr), dtype=Z0.dtype, device=Z0.device)

@@ -4,6 +4,8 @@ K_ij = exp(-gamma * max(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>, 0)).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import _dispatch, _validate
@@ -80,6 +82,8 @@ def rbf_gram(X: torch.Tensor, Y: torch.Tensor | None = None, *, gamma: float,
             raise ValueError("center=True double-centres a square Gram and needs Y=None; "
                              "centre a cross-Gram with the training Gram's means instead")
     g = _validate.gamma(gamma)
+    _validate.allocation("the Gram matrix", (X.shape[0], X.shape[0] if Y is None else Y.shape[0]),
+                         X.dtype, X.device)
     return _dispatch.implementation("rbf_gram", X.device.type)(X, Y, g, bool(center))
 
 
@@ -121,4 +125,8 @@ def median_gamma(X: torch.Tensor, *, max_points: int = 2048, seed: int = 0) -> f
     if med <= 0:
         raise ValueError("median pairwise squared distance of X is 0 (more than half the pairs "
                          "coincide); pass an explicit gamma instead")
-    return 1.0 / med
+    gamma = 1.0 / med
+    if not (math.isfinite(gamma) and gamma > 0 and math.isfinite(med)):
+        raise ValueError(f"median pairwise squared distance of X is {med:.3g}, whose inverse is not a "
+                         "usable gamma; rescale X (gamma scales by 1/factor^2) or pass gamma yourself")
+    return gamma
