@@ -36,6 +36,9 @@ fi
 timeout 300 $PY setup.py build_ext --inplace 2>&1 | tee "$OUT/build.log" | grep -E "geomkern|error" || true
 $PY -c "import geomkern as gk; print('backends', gk.available_backends())" 2>&1 | tee -a "$OUT/build.log"
 
+# 1b. issue 13: the sm_90 compile report's cases timed beside its model (benchmarks/gpu_model.py)
+timeout 240 $PY benchmarks/sm90_report.py --measure --out "$OUT/sm90-measured.json" 2>&1 | tee "$OUT/sm90_report.log" | tail -45
+
 # 2. GPU correctness
 timeout 240 $PY -m pytest -q -m gpu -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
     tests/test_triton.py tests/test_cuda_native.py tests/test_kpca.py tests/test_moments.py \

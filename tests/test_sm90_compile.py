@@ -1,0 +1,129 @@
+"""CI compile check for H100 (sm_90), no GPU needed: a few main Triton kernels compiled by
+benchmarks/sm90_report.py with the launch configurations geomkern's launchers pick.
+
+- the report's records parse and carry the keys the issue asks for;
+- no hot-loop spill (LDL/STL inside the innermost loop that does the kernel's work) at D <= 512;
+- every kernel with a dot has tensor-core instructions (HGMMA/HMMA/DMMA) at the default
+  precision: KNOWN TO FAIL today (every float32 tl.dot defaults to input_precision="ieee", which
+  compiles to FFMA), so it is xfail(strict=True): the day the default uses tensor cores it XPASSes,
+  the strict marker turns that into a failure, and the marker must be removed;
+- the same kernels at precision="tf32" do show HMMA/HGMMA (proof that the check above can see
+  tensor cores at all).
+
+The report runs in a subprocess without TRITON_INTERPRET (this session may be interpreting).
+Skipped when triton or its bundled ptxas/cuobjdump is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_model  # noqa: E402
+import sm90_report  # noqa: E402
+
+WHY_NOT = sm90_report.why_not()
+pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"sm_90 compile check: {WHY_NOT}")
+
+# substrings of benchmarks/sm90_report.py case names: Gram (float32 + float64), the 50k x S512 x
+# D512 gd pre-image (float32 + float64), K-Means assign k = 64, the projection
+CASES = ["gram 4096^2", "preimage gd 50000 x S512 x D512", "assign 10 x 5000 x D512, k64",
+         "projection"]
+KEYS = {"kernel", "case", "precision", "regs", "spill_bytes", "smem_bytes", "warps_per_sm",
+        "tensor_core_instructions", "has_dot", "predicted_us", "roofline_us", "grid", "num_warps",
+        "num_stages", "dtype", "default_precision", "hot_loop_spill"}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sm90") / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sm90_report.py"), "--no-cuda",
+                           "--cases", ";".join(CASES), "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, f"sm90_report.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+def _dots(records, **match):
+    return [r for r in records if r["backend"] == "triton" and r["has_dot"]
+            and all(r[k] == v for k, v in match.items())]
+
+
+def test_records_parse_and_have_the_keys(records):
+    assert isinstance(records, list) and records
+    for r in records:
+        missing = KEYS - set(r)
+        assert not missing, f"{r.get('kernel')} / {r.get('case')}: missing {sorted(missing)}"
+        assert r["regs"] > 0 and r["warps_per_sm"] > 0 and r["smem_bytes"] >= 0
+        assert r["predicted_us"] > 0 and r["roofline_us"] > 0, r["kernel"]
+    kernels = {r["kernel"] for r in records}
+    assert {"_sym_gram_kernel", "_preimage_kernel", "_assign_kernel", "_projection_kernel"} <= kernels
+    # every case at the default precision and at every other supported one
+    precisions = {r["precision"] for r in records if r["dtype"] == "float32"}
+    from_launchers = set(json.loads(subprocess.run(
+        [sys.executable, "-c", "import json; from geomkern.backends.triton import _common as C; "
+         "print(json.dumps(list(C.PRECISIONS)))"], capture_output=True, text=True,
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}).stdout))
+    assert precisions == from_launchers
+
+
+def test_no_hot_loop_spill_up_to_d512(records):
+    spilling = [(r["kernel"], r["case"], r["dtype"], r["precision"], r["hot_loop"]["local_memory_ops"])
+                for r in records if r["hot_loop_spill"]]
+    assert not spilling, f"local-memory loads/stores inside the hot loop: {spilling}"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 13: every float32 tl.dot defaults to input_precision='ieee', which compiles to FFMA; "
+    "no kernel uses tensor cores unless the caller opts into tf32. Remove this marker when the "
+    "default precision uses tensor cores (3xTF32 or split bf16)."))
+def test_every_dot_kernel_uses_tensor_cores_at_the_default_precision(records):
+    default = _dots(records, default_precision=True)
+    assert default
+    without = [(r["kernel"], r["case"], r["dtype"], r["precision"]) for r in default
+               if r["tensor_core_instructions"] == 0]
+    assert not without, f"dot kernels without HGMMA/HMMA/DMMA at the default precision: {without}"
+
+
+def test_tf32_kernels_show_tensor_core_instructions(records):
+    tf32 = _dots(records, precision="tf32")
+    assert {r["kernel"] for r in tf32} >= {"_sym_gram_kernel", "_preimage_kernel", "_assign_kernel",
+                                           "_projection_kernel"}
+    for r in tf32:
+        ops = r["tensor_core_ops"]
+        assert any(op.startswith(("HGMMA", "HMMA")) for op in ops), (r["kernel"], r["case"], ops)
+        assert r["dot_pipe"] in ("hgmma_tf32", "hmma_tf32")
+
+
+def test_model_building_blocks():
+    # 168 registers x 128 threads: 5,376 registers per warp -> 12 warps per SM on sm_90
+    assert gpu_model.occupancy(168, 32768, 128)["warps_per_sm"] == 12
+    assert gpu_model.occupancy(64, 160_000, 512) == {"blocks_per_sm": 1, "warps_per_sm": 16,
+                                                     "limited_by": "shared_memory"}
+    assert gpu_model.mma_macs("HGMMA.64x64x8.F32.TF32") == 64 * 64 * 8 / 4
+    assert gpu_model.mma_macs("HMMA.1688.F32.TF32") == 16 * 8 * 8
+    assert gpu_model.mma_macs("DMMA.8x8x4") == 8 * 8 * 4
+    # P equal programs on 132 SMs: the quantisation factor is ceil(P / 132) * 132 / P
+    w = gpu_model.Work([1e6] * 160, [0.0] * 160, [0.0] * 160, 0.0)
+    q = gpu_model.predict(w, "ffma", 1.0, 1.0)["quantisation"]
+    assert q == pytest.approx(2 * 132 / 160)
+    sass = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   FFMA R2, R3, R4, R2 ;
+        /*0020*/                   LDS.128 R8, [R0] ;
+        /*0030*/                   HGMMA.64x64x8.F32.TF32 R24, gdesc[UR8], R24 ;
+        /*0040*/              @!P0 BRA 0x10 ;
+        /*0050*/                   EXIT ;
+    """
+    ins = gpu_model.sass_functions(sass)["k"]
+    assert gpu_model.loops(ins) == [(0x10, 0x40)]
+    assert gpu_model.tensor_core_instructions(ins) == 1
+    assert gpu_model.dot_pipe(gpu_model.opcode_counts(ins), "float32") == "hgmma_tf32"
