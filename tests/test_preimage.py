@@ -2,6 +2,8 @@
 kernel values from sklearn's rbf_kernel, losses recomputed with numpy)."""
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,9 @@ from sklearn.metrics.pairwise import rbf_kernel
 
 import geomkern as gk
 import geomkern.ops.preimage as pre_mod
+from _preimage_problem import preimage_problem
 from conftest import DEVICES, TOL, assert_close_rel, backends_for
+from geomkern.backends import native
 
 seeds = st.integers(0, 2 ** 32 - 1)
 F64 = torch.float64
@@ -231,3 +235,108 @@ def test_fixed_point_singular_gram_gives_clear_error(gen):
     assert torch.isfinite(z).all()  # ...so this works; a ridge below float64 resolution does not
     with pytest.raises(ValueError, match="ridge=1e-20"):
         gk.preimage(torch.zeros(1, 2, dtype=F64), B, T, gamma=1.0, method="fixed_point", steps=3, ridge=1e-20)
+
+
+# ------------------------------------------------- every backend against the float64 reference
+# One table for every backend that implements the pre-image (the reference itself included: its
+# float32 run against float64). Every b in {1, 7, 33, 257}, S in {1, 7, 33} and D in
+# {1, 7, 33, 257} appears; not the full product.
+ORACLE_SHAPES = [(1, 1, 1), (1, 33, 257), (7, 7, 33), (7, 33, 1), (33, 1, 7), (33, 7, 257),
+                 (33, 33, 7), (257, 33, 33), (257, 7, 1), (257, 1, 257)]
+ORACLE_STEPS = (0, 1, 25)
+# float32: measured worst case of the native kernel over 5 seeds x 48 shapes x both methods:
+# 2.6e-6 (the float32 reference itself: 2.7e-6, mostly from the float32 default lr / fixed-point
+# coefficients that gk.preimage computes in the input dtype); float64: 1.4e-15.
+
+
+@pytest.mark.parametrize("backend", backends_for("preimage_gd", "preimage_fixed_point"), indirect=True)
+@pytest.mark.parametrize("shape", ORACLE_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
+@pytest.mark.parametrize("method", ["gd", "fixed_point"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_matches_float64_reference(shape, method, dtype, backend):
+    seed = secrets.randbits(31)
+    Z0, B, T, gamma = preimage_problem(*shape, seed)
+    Z0, B, T = Z0.to(dtype), B.to(dtype), T.to(dtype)  # the inputs every backend sees
+    for steps in ORACLE_STEPS:
+        with gk.set_backend("reference"):
+            ref = gk.preimage(Z0.double(), B.double(), T.double(), gamma=gamma, method=method,
+                              steps=steps)
+        # hand the allocator a NaN-filled block of the output's size first, so an element a
+        # kernel forgets to write is likely to read as NaN, not as 0
+        del_me = torch.full(Z0.shape, float("nan"), dtype=dtype)
+        del del_me
+        assert gk.resolve(f"preimage_{method}", "cpu") == backend
+        out = gk.preimage(Z0, B, T, gamma=gamma, method=method, steps=steps)
+        where = f"seed={seed} shape={shape} method={method} dtype={dtype} steps={steps}"
+        assert out.shape == Z0.shape and out.dtype == dtype, where
+        assert not torch.isnan(out).any(), f"NaN in the output ({where})"
+        if steps == 0:
+            assert torch.equal(out, Z0), where
+        assert_close_rel(out, ref, TOL[dtype], where)
+
+
+def _native_kernel(op):
+    if "native" not in gk.available_backends():
+        pytest.skip("geomkern._C (native backend) is not built")
+    return native.kernels(native._C)[op]["cpu"]
+
+
+@pytest.mark.parametrize("b", [20, 257])
+@pytest.mark.parametrize("method", ["gd", "fixed_point"])
+def test_native_result_does_not_depend_on_thread_count(method, b):
+    # The kernel picks a narrower tile when there are more threads than wide tiles; the order of
+    # every sum is the same for all tile widths, so the result is bitwise the same (b=257 and
+    # b=20 take 4-, 2- and 1-vector tiles between 1 and 3 threads with AVX-512). Called below
+    # gk.preimage: the default lr and the fixed-point coefficients come from torch/MKL ops,
+    # which need not be bitwise reproducible across thread counts.
+    kernel = _native_kernel(f"preimage_{method}")
+    seed = secrets.randbits(31)
+    Z0, B, T, gamma = preimage_problem(b, 33, 70, seed)
+    Z0, B, T = Z0.float(), B.float(), T.float()
+    args = (Z0, B, T, gamma, 5, torch.full((Z0.shape[0],), 2.0)) if method == "gd" else (Z0, B, T, gamma, 5)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(kernel(*args))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), f"seed={seed}"
+
+
+@pytest.mark.parametrize("backend", backends_for("preimage_gd"), indirect=True)
+def test_gd_default_lr_reduces_loss(backend):
+    seed = secrets.randbits(31)
+    g = torch.Generator().manual_seed(seed)
+    b, S, D = 200, 64, 40
+    B = torch.randn(S, D, generator=g, dtype=torch.float64)
+    X = torch.randn(b, D, generator=g, dtype=torch.float64)
+    gamma = gk.median_gamma(B)
+    T = torch.exp(-gamma * torch.cdist(X, B).square())  # exact pre-images exist: z = X
+    Z0 = X + 0.3 * torch.randn(b, D, generator=g, dtype=torch.float64)
+    for dtype in (torch.float32, torch.float64):
+        z0, Bd, Td = Z0.to(dtype), B.to(dtype), T.to(dtype)
+        loss0 = gk.preimage_loss(z0, Bd, Td, gamma=gamma)
+        Z, loss = gk.preimage(z0, Bd, Td, gamma=gamma, method="gd", steps=100, return_loss=True)
+        assert torch.isfinite(Z).all(), f"seed={seed}"
+        assert (loss <= loss0 * (1 + 1e-4)).all(), f"seed={seed} dtype={dtype}"
+        assert loss.mean() < 0.5 * loss0.mean(), (
+            f"seed={seed} dtype={dtype}: mean loss {loss0.mean():.3e} -> {loss.mean():.3e}")
+
+
+def test_native_entry_points_reject_bad_inputs():
+    _native_kernel("preimage_gd")
+    C = native._C
+    Z0, B, T = torch.randn(5, 3), torch.randn(4, 3), torch.rand(5, 4)
+    lr = torch.full((5,), 0.1)
+    with pytest.raises(TypeError, match="dtype"):
+        C.preimage_gd(Z0, B.double(), T, 0.5, 3, lr)
+    with pytest.raises(ValueError, match="D=3"):
+        C.preimage_gd(Z0, torch.randn(4, 2), T, 0.5, 3, lr)
+    with pytest.raises(ValueError, match="shape"):
+        C.preimage_fixed_point(Z0, B, T[:, :3], 0.5, 3)
+    with pytest.raises(ValueError, match="lr"):
+        C.preimage_gd(Z0, B, T, 0.5, 3, lr[:4])
+    with pytest.raises(ValueError, match="steps"):
+        C.preimage_fixed_point(Z0, B, T, 0.5, -1)
