@@ -40,8 +40,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_model as gm  # noqa: E402
+
+
+def _load(name: str, path: Path):
+    """Import a sibling script by path, without putting benchmarks/ on sys.path (where its
+    conftest.py would shadow the tests' conftest for anything imported later)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it executes
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+gm = _load("gpu_model", ROOT / "benchmarks" / "gpu_model.py")
 
 TARGET = ("cuda", 90, 32)
 MODEL_LABEL = "model (benchmarks/gpu_model.py, H100 SXM datasheet rates): compiled for sm_90, not run"

@@ -178,6 +178,25 @@ def _human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+# How float32 dots run on tensor-core backends (Triton on CUDA); the reference and the native
+# kernels compute in the input dtype with ordinary FMAs whatever is asked. Emulated errors
+# (operands rounded as the tensor cores round them, tests/test_precision.py) against float64:
+#   "tf32x3" (default)  three TF32 products, hi*hi + hi*lo + lo*hi, each operand split into a TF32
+#                       high part and a TF32 remainder: dot error ~1e-7 relative, as float32 FMA
+#   "ieee"              float32 FMA on the CUDA cores, no tensor cores (the slowest pipe)
+#   "tf32"              one TF32 product (10-bit mantissa operands): ~1e-3 relative on the dot
+# float64 always runs exact float64 (DMMA); float16/bfloat16 inputs use the tensor cores natively.
+PRECISIONS = ("tf32x3", "ieee", "tf32")
+DEFAULT_PRECISION = "tf32x3"
+
+
+def precision(p) -> str:
+    if p not in PRECISIONS:
+        raise ValueError(f"precision={p!r} is not supported; choose one of {PRECISIONS} "
+                         f"(default {DEFAULT_PRECISION!r}: tensor cores at float32's accuracy)")
+    return p
+
+
 def choice(name: str, v, options: tuple[str, ...]) -> str:
     if v not in options:
         raise ValueError(f"{name}={v!r} is not supported; choose one of {options}")

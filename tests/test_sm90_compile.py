@@ -23,10 +23,16 @@ from pathlib import Path
 
 import pytest
 
+import importlib.util  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_model  # noqa: E402
-import sm90_report  # noqa: E402
+# by path: benchmarks/ on sys.path would let its conftest.py shadow this directory's for every
+# later import of conftest (the Triton tests' interpreter worker is one)
+_spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "benchmarks" / "sm90_report.py")
+sm90_report = importlib.util.module_from_spec(_spec)
+sys.modules["sm90_report"] = sm90_report
+_spec.loader.exec_module(sm90_report)
+gpu_model = sys.modules["gpu_model"]
 
 WHY_NOT = sm90_report.why_not()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"sm_90 compile check: {WHY_NOT}")

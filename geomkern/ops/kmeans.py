@@ -88,7 +88,7 @@ def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
     return labels_out, centers_out
 
 
-def kmeans_reference(X, offsets, k: int, iters: int, seed: int):
+def kmeans_reference(X, offsets, k: int, iters: int, seed: int, *, precision: str | None = None):
     return lloyd(X, offsets, k, iters, seed, assign_reference)
 
 
@@ -96,7 +96,7 @@ _dispatch.register("kmeans", "reference")(kmeans_reference)
 
 
 def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iters: int = 50,
-           seed: int = 0):
+           seed: int = 0, precision: str = _validate.DEFAULT_PRECISION):
     """K-Means (Lloyd, greedy k-means++ init) on X, or on every segment of X at once.
 
     X: (N, D); offsets: optional int64 (m+1,) CSR boundaries; every segment needs >= k points.
@@ -107,6 +107,7 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
     k = _validate.positive_int("k", k)
     iters = _validate.positive_int("iters", iters, minimum=0)
     seed = _validate.positive_int("seed", seed, minimum=0)
+    p = _validate.precision(precision)
     batched = offsets is not None
     if batched:
         offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
@@ -118,5 +119,6 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
         where = f"segment {j} has" if batched else "X has"
         raise ValueError(f"k={k} is larger than the number of points ({where} {int(sizes[j])}); "
                          "lower k")
-    labels, centers = _dispatch.implementation("kmeans", X.device.type)(X, offsets, k, iters, seed)
+    labels, centers = _dispatch.implementation("kmeans", X.device.type)(X, offsets, k, iters, seed,
+                                                                           precision=p)
     return labels, (centers if batched else centers[0])

@@ -204,7 +204,7 @@ def normalise_eigenpairs(mu: torch.Tensor, U: torch.Tensor, colmeans: list, size
     return eigenvalues, alphas, mean_proj
 
 
-def centred_grams_reference(X, off: list, bucket: list, gamma: float):
+def centred_grams_reference(X, off: list, bucket: list, gamma: float, *, precision: str | None = None):
     """The zero-padded centred Grams of one size bucket: the ``kpca`` op each backend implements.
 
     X: (N, D); off: the m+1 CSR boundaries as a list; bucket: cluster ids, largest first.
@@ -233,7 +233,7 @@ def centred_grams_reference(X, off: list, bucket: list, gamma: float):
 _dispatch.register("kpca", "reference")(centred_grams_reference)
 
 
-def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
+def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float, precision: str):
     """Top-d kernel PCA of one cluster without storing its Gram: every Krylov step applies
     Kc = H K H to a block through ``rbf_matmul`` (the Triton flash-style kernel on CUDA).
     Returns (eigenvalues (d,), alphas (n, d), mean_projection (d,))."""
@@ -248,11 +248,12 @@ def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
 
     def apply(Y):  # (1, n, k) float64 -> H K H Y
         V = Y[0].to(dt)
-        KV = matmul(Xc, Xc, V - V.mean(0), gamma)
+        KV = matmul(Xc, Xc, V - V.mean(0), gamma, precision=precision)
         return (KV - KV.mean(0)).to(torch.float64).unsqueeze(0)
 
     out = block_krylov_top(apply, 1, n, d, device=Xj.device, tol=krylov_tol(dt))
-    colmean = matmul(Xc, Xc, torch.full((n, 1), 1.0 / n, dtype=dt, device=Xj.device), gamma)[:, 0]
+    colmean = matmul(Xc, Xc, torch.full((n, 1), 1.0 / n, dtype=dt, device=Xj.device), gamma,
+                     precision=precision)[:, 0]
     if out is None:
         raise RuntimeError(f"matrix-free kpca did not converge on a cluster of {n} points; "
                            "use solver='dense' or 'subspace' (they store the Gram)")
@@ -263,7 +264,7 @@ def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float):
 _TOP = {"auto": auto_top, "dense": dense_top, "subspace": subspace_top}
 
 
-def _kpca(X, offsets, d: int, gamma: float, solver: str):
+def _kpca(X, offsets, d: int, gamma: float, solver: str, precision: str):
     """The one bucket loop: clusters grouped by size, each bucket's centred Grams from the
     dispatched ``kpca`` op, eigen-solved by the solver's ``top``, normalised, scattered back;
     a bucket whose stored Grams would exceed GRAM_BUDGET_BYTES (or every cluster, for
@@ -281,9 +282,9 @@ def _kpca(X, offsets, d: int, gamma: float, solver: str):
         if solver == "matrix_free" or (solver != "dense" and too_large):
             for j in bucket:
                 eigenvalues[j], alphas[off[j]:off[j + 1]], mean_proj[j] = _matrix_free_cluster(
-                    X[off[j]:off[j + 1]], d, gamma)
+                    X[off[j]:off[j + 1]], d, gamma, precision)
             continue
-        Kc, colmeans = grams(X, off, bucket, gamma)
+        Kc, colmeans = grams(X, off, bucket, gamma, precision=precision)
         mu_b, alphas_b, mean_proj_b = eigenpairs_from_centred_grams(
             Kc, colmeans, [sizes[j] for j in bucket], d, _TOP[solver])
         for t, j in enumerate(bucket):
@@ -294,7 +295,7 @@ def _kpca(X, offsets, d: int, gamma: float, solver: str):
 
 
 def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: float,
-         solver: str = "auto") -> KPCAFit:
+         solver: str = "auto", precision: str = _validate.DEFAULT_PRECISION) -> KPCAFit:
     """Kernel PCA of every cluster of X in one call.
 
     X: (N, D); offsets: int64 (m+1,) CSR boundaries (cluster j = rows offsets[j]:offsets[j+1]).
@@ -304,18 +305,20 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
     for small clusters), "matrix_free" (the same iteration with the Gram never stored: each step
     is an ``rbf_matmul``), "auto" (per size bucket: dense below DENSE_BELOW_BLOCKS Krylov blocks,
     subspace above, matrix-free where the Grams would exceed GRAM_BUDGET_BYTES; measured).
+    precision: how the Grams' float32 dots run on tensor-core backends (_validate.PRECISIONS).
     """
     X = _validate.tensor("X", X, ndim=2)
     offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
     d = _validate.positive_int("n_components", n_components)
     g = _validate.gamma(gamma)
     solver = _validate.choice("solver", solver, SOLVERS)
+    p = _validate.precision(precision)
     sizes = (offsets[1:] - offsets[:-1]).cpu()
     if int(sizes.min()) < d:
         j = int(sizes.argmin())
         raise ValueError(f"n_components={d} is larger than cluster {j}'s size {int(sizes[j])}; "
                          "lower n_components or merge small clusters")
-    mu, alphas, mean_proj = _kpca(X, offsets, d, g, solver)
+    mu, alphas, mean_proj = _kpca(X, offsets, d, g, solver, p)
     n = sizes.to(device=X.device, dtype=X.dtype).unsqueeze(1)
     return KPCAFit(eigenvalues=mu, variances=mu / n, alphas=alphas, mean_projection=mean_proj,
                    offsets=offsets, gamma=g, fingerprint=fingerprint(X))
@@ -371,7 +374,7 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
     return out
 
 
-def projection_reference(X, alphas, offsets, B, gamma: float) -> torch.Tensor:
+def projection_reference(X, alphas, offsets, B, gamma: float, *, precision: str | None = None) -> torch.Tensor:
     off = offsets.tolist()
     m = len(off) - 1
     out = torch.empty(m, alphas.shape[1], B.shape[0], dtype=X.dtype, device=X.device)
@@ -386,7 +389,8 @@ def projection_reference(X, alphas, offsets, B, gamma: float) -> torch.Tensor:
 _dispatch.register("project_onto_basis", "reference")(projection_reference)
 
 
-def project_onto_basis(X: torch.Tensor, fit: KPCAFit, B: torch.Tensor, *, gamma: float) -> torch.Tensor:
+def project_onto_basis(X: torch.Tensor, fit: KPCAFit, B: torch.Tensor, *, gamma: float,
+                       precision: str = _validate.DEFAULT_PRECISION) -> torch.Tensor:
     """betas[j, i, s] = sum_{a in cluster j} alpha[a, i] k(x_a, b_s) = <v_ji, Phi(b_s)>.
 
     X: (N, D) the fitted data, B: (S, D) basis points. Returns (m, d, S).
@@ -399,4 +403,6 @@ def project_onto_basis(X: torch.Tensor, fit: KPCAFit, B: torch.Tensor, *, gamma:
     g = _validate.gamma(gamma)
     _check_fit(fit, X, g)
     _validate.allocation("betas", (fit.n_clusters, fit.n_components, B.shape[0]), X.dtype, X.device)
-    return _dispatch.implementation("project_onto_basis", X.device.type)(X, fit.alphas, fit.offsets, B, g)
+    p = _validate.precision(precision)
+    return _dispatch.implementation("project_onto_basis", X.device.type)(X, fit.alphas, fit.offsets, B, g,
+                                                                         precision=p)

@@ -38,7 +38,8 @@ def default_gd_lr(Z0: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tens
     return 1.0 / (4.0 * gamma * s.clamp_min(1.0))
 
 
-def gd_reference(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor) -> torch.Tensor:
+def gd_reference(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor, *,
+                 precision: str | None = None) -> torch.Tensor:
     out = torch.empty_like(Z0)
     for i in range(0, Z0.shape[0], _CHUNK):
         z = Z0[i:i + _CHUNK].clone()
@@ -78,7 +79,8 @@ def fixed_point_coefficients(B: torch.Tensor, T: torch.Tensor, gamma: float, rid
     return torch.cholesky_solve(T.T.double(), L).T.to(T.dtype).contiguous()
 
 
-def fixed_point_reference(Z0, B, A, gamma: float, steps: int) -> torch.Tensor:
+def fixed_point_reference(Z0, B, A, gamma: float, steps: int, *,
+                          precision: str | None = None) -> torch.Tensor:
     out = torch.empty_like(Z0)
     tiny = torch.finfo(Z0.dtype).tiny ** 0.5
     for i in range(0, Z0.shape[0], _CHUNK):
@@ -185,7 +187,8 @@ def preimage_loss(Z, B, targets, *, gamma, proj=None) -> torch.Tensor:
 
 def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma: float,
              method: str = "gd", steps: int = 100, lr=None, proj: torch.Tensor | None = None,
-             ridge: float = 1e-6, factor: torch.Tensor | None = None, return_loss: bool = False):
+             ridge: float = 1e-6, factor: torch.Tensor | None = None, return_loss: bool = False,
+             precision: str = _validate.DEFAULT_PRECISION):
     """Batched pre-image: one z per row of Z0, all solved together.
 
     Z0: (b, D) starting points; B: (S, D) basis points.
@@ -195,9 +198,12 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
     ridge: Tikhonov term on G for ``fixed_point``.
     factor: for ``fixed_point``, the (S, S) float64 Cholesky factor of G + ridge I from
     :func:`fixed_point_factor` (computed with this ``ridge``), to skip rebuilding it per call.
+    precision: how float32 dots run on tensor-core backends (geomkern._validate.PRECISIONS;
+    ``coordinates`` has no tensor-core path).
     Returns Z (b, D), and the per-point final loss (b,) when ``return_loss``.
     """
     method = _validate.choice("method", method, METHODS)
+    p = _validate.precision(precision)
     if factor is not None and method != "fixed_point":
         raise ValueError(f"factor is only used by method='fixed_point', not {method!r}")
     if method != "coordinates" and proj is not None:
@@ -212,7 +218,7 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
     else:
         if method == "gd":
             lr_t = _gd_lr(lr, Z0, B, g)
-            Z = _dispatch.implementation("preimage_gd", dev)(Z0, B, targets, g, steps, lr_t)
+            Z = _dispatch.implementation("preimage_gd", dev)(Z0, B, targets, g, steps, lr_t, precision=p)
         else:
             if lr is not None:
                 raise ValueError("lr is only used by method='gd'")
@@ -222,7 +228,7 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
                 raise ValueError(f"factor must be the float64 ({S}, {S}) Cholesky factor on {B.device} from "
                                  "fixed_point_factor(B, gamma, ridge)")
             A = fixed_point_coefficients(B, targets, g, ridge, factor)
-            Z = _dispatch.implementation("preimage_fixed_point", dev)(Z0, B, A, g, steps)
+            Z = _dispatch.implementation("preimage_fixed_point", dev)(Z0, B, A, g, steps, precision=p)
     if return_loss:
         return Z, _loss(Z, B, targets, g, proj)
     return Z

@@ -23,7 +23,7 @@ def _sqdist(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     return d2.addmm_(X, Y.T, alpha=-2.0).clamp_min_(0.0)  # = addmm(xx + yy, ...), one buffer less
 
 
-def gram_reference(X, Y, gamma: float, center: bool) -> torch.Tensor:
+def gram_reference(X, Y, gamma: float, center: bool, *, precision: str | None = None) -> torch.Tensor:
     compute = X if X.dtype in _validate.FLOAT_DTYPES else X.float()
     # in place where possible: every fresh n x n buffer costs page faults (n = 1,750 float32:
     # 34 ms -> 25 ms for the same bits, benchmarks/NOTES.md)
@@ -52,7 +52,7 @@ def double_center_(K: torch.Tensor) -> torch.Tensor:
     return K.sub_(col).sub_(row).add_(mean)
 
 
-def rbf_matmul_reference(X, Y, V, gamma: float) -> torch.Tensor:
+def rbf_matmul_reference(X, Y, V, gamma: float, *, precision: str | None = None) -> torch.Tensor:
     out = torch.empty(X.shape[0], V.shape[1], dtype=X.dtype, device=X.device)
     step = max(1, _CHUNK_ELEMS // max(1, Y.shape[0]))
     for i in range(0, X.shape[0], step):
@@ -66,12 +66,13 @@ _dispatch.register("rbf_matmul", "reference")(rbf_matmul_reference)
 
 
 def rbf_gram(X: torch.Tensor, Y: torch.Tensor | None = None, *, gamma: float,
-             center: bool = False) -> torch.Tensor:
+             center: bool = False, precision: str = _validate.DEFAULT_PRECISION) -> torch.Tensor:
     """RBF Gram matrix.
 
     X: (n, D), Y: (m, D) or None (symmetric case: exact unit diagonal, exactly symmetric).
     center=True returns H K H (double centring), only for Y=None.
     Returns (n, m) in X's dtype; float16/bfloat16 inputs are computed in float32.
+    precision: how float32 dots run on tensor-core backends (geomkern._validate.PRECISIONS).
     """
     X = _validate.tensor("X", X, ndim=2, allow_half=True)
     if Y is not None:
@@ -84,13 +85,15 @@ def rbf_gram(X: torch.Tensor, Y: torch.Tensor | None = None, *, gamma: float,
     g = _validate.gamma(gamma)
     _validate.allocation("the Gram matrix", (X.shape[0], X.shape[0] if Y is None else Y.shape[0]),
                          X.dtype, X.device)
-    return _dispatch.implementation("rbf_gram", X.device.type)(X, Y, g, bool(center))
+    p = _validate.precision(precision)
+    return _dispatch.implementation("rbf_gram", X.device.type)(X, Y, g, bool(center), precision=p)
 
 
-def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: float) -> torch.Tensor:
+def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: float,
+               precision: str = _validate.DEFAULT_PRECISION) -> torch.Tensor:
     """K(X, Y) @ V without storing the (n, m) kernel matrix.
 
-    X: (n, D), Y: (m, D), V: (m, p) -> (n, p).
+    X: (n, D), Y: (m, D), V: (m, p) -> (n, p). precision: as for :func:`rbf_gram`.
     """
     X = _validate.tensor("X", X, ndim=2)
     Y = _validate.tensor("Y", Y, ndim=2)
@@ -100,7 +103,8 @@ def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: floa
     if V.shape[0] != Y.shape[0]:
         raise ValueError(f"V must have one row per row of Y ({Y.shape[0]}), got shape {tuple(V.shape)}")
     g = _validate.gamma(gamma)
-    return _dispatch.implementation("rbf_matmul", X.device.type)(X, Y, V, g)
+    p = _validate.precision(precision)
+    return _dispatch.implementation("rbf_matmul", X.device.type)(X, Y, V, g, precision=p)
 
 
 def median_gamma(X: torch.Tensor, *, max_points: int = 2048, seed: int = 0) -> float:

@@ -67,9 +67,10 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
     if C is not None:
         # Fused pre-image loops (csrc/cpu/preimage.cpp): every step in one call, tiles of points
         # kept in cache; the math of geomkern.ops.preimage.{gd,fixed_point}_reference.
-        table["preimage_gd"] = {"cpu": lambda Z0, B, T, gamma, steps, lr:
+        # (precision: no tensor cores here, float32/float64 FMA whatever is asked)
+        table["preimage_gd"] = {"cpu": lambda Z0, B, T, gamma, steps, lr, precision=None:
                                 C.preimage_gd(Z0, B, T, float(gamma), int(steps), lr)}
-        table["preimage_fixed_point"] = {"cpu": lambda Z0, B, A, gamma, steps:
+        table["preimage_fixed_point"] = {"cpu": lambda Z0, B, A, gamma, steps, precision=None:
                                          C.preimage_fixed_point(Z0, B, A, float(gamma), int(steps))}
     if C_cuda is not None:
         def eigh(A: torch.Tensor, k: int):  # batched Jacobi (csrc/cuda/eigh.cu)
@@ -82,7 +83,7 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
             return w[..., :k], sign_fix(V[..., :k])  # the kernel sorts descending
 
         table.setdefault("eigh", {})["cuda"] = eigh
-        table.setdefault("preimage_gd", {})["cuda"] = lambda Z0, B, T, gamma, steps, lr: \
+        table.setdefault("preimage_gd", {})["cuda"] = lambda Z0, B, T, gamma, steps, lr, precision=None: \
             C_cuda.preimage_gd(Z0, B, T, float(gamma), int(steps), lr)
     return table
 

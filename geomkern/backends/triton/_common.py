@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-PRECISIONS = ("ieee", "tf32")
+from ..._validate import DEFAULT_PRECISION, PRECISIONS  # noqa: F401  (the public choices)
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
@@ -45,7 +45,8 @@ def scalars(device, dtype: torch.dtype, *values: float) -> torch.Tensor:
 
 
 def dot_precision(dtype: torch.dtype, precision: str) -> str:
-    """tl.dot's input_precision: "tf32" only changes float32 operands; others always use "ieee"."""
+    """tl.dot's input_precision: "tf32"/"tf32x3" only change float32 operands (float64 is exact,
+    float16/bfloat16 use the tensor cores natively): others get "ieee"."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return precision if dtype == torch.float32 else "ieee"

@@ -42,7 +42,7 @@ def _assign_kernel(X, Cen, Labels, n, k, D, BLOCK_M: tl.constexpr, BLOCK_C: tl.c
 
 # ------------------------------------------------------------------------------------ launchers
 
-def assign(X: torch.Tensor, centers: torch.Tensor, precision: str = "ieee") -> torch.Tensor:
+def assign(X: torch.Tensor, centers: torch.Tensor, precision: str = C.DEFAULT_PRECISION) -> torch.Tensor:
     """Index of the nearest centre (squared Euclidean, first on ties) for every point.
 
     X: (n, D) with centers: (k, D) -> (n,) int64; or batched X: (m, n, D) with centers:
@@ -66,9 +66,9 @@ def assign(X: torch.Tensor, centers: torch.Tensor, precision: str = "ieee") -> t
     return labels if batched else labels[0]
 
 
-def kmeans(X, offsets, k: int, iters: int, seed: int):
+def kmeans(X, offsets, k: int, iters: int, seed: int, *, precision: str = C.DEFAULT_PRECISION):
     """Same contract as geomkern.ops.kmeans.kmeans_reference."""
-    return lloyd(X, offsets, k, iters, seed, assign)
+    return lloyd(X, offsets, k, iters, seed, lambda P, Cs: assign(P, Cs, precision))
 
 
 # --------------------------------------------------------------------------------- registration

@@ -76,7 +76,7 @@ def segment_means(X: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> 
 
 
 def segmented_gram(X: torch.Tensor, offsets: torch.Tensor, gamma: float, center: bool = False,
-                   precision: str = "ieee") -> torch.Tensor:
+                   precision: str = C.DEFAULT_PRECISION) -> torch.Tensor:
     """RBF Grams of all segments of X in one launch (two with ``center``), zero-padded.
 
     X: (N, D); offsets: int64 (m+1,) CSR boundaries on X's device (empty segments allowed).
@@ -90,7 +90,7 @@ def segmented_gram(X: torch.Tensor, offsets: torch.Tensor, gamma: float, center:
                     shifts=segment_means(X, offsets[:-1], offsets[1:]))[0]
 
 
-def centred_grams(X, off: list, bucket: list, gamma: float, precision: str = "ieee"):
+def centred_grams(X, off: list, bucket: list, gamma: float, precision: str = C.DEFAULT_PRECISION):
     """Same contract as geomkern.ops.kpca.centred_grams_reference: one fused centred-Gram launch
     for the bucket (each cluster moved to its mean first, as the reference does)."""
     dev = X.device
@@ -103,7 +103,7 @@ def centred_grams(X, off: list, bucket: list, gamma: float, precision: str = "ie
     return Kc, [row_means[t, :n].to(X.dtype) for t, n in enumerate(sizes)]
 
 
-def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = "ieee"):
+def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = C.DEFAULT_PRECISION):
     """betas (m, d, S): betas[j] = alphas[rows of j]^T K(X[rows of j], B), all clusters in one
     launch; an empty segment gives zeros."""
     X, alphas, B = X.contiguous(), alphas.contiguous(), B.contiguous()

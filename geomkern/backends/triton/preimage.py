@@ -107,14 +107,14 @@ def _fallback(method: str, why: str) -> None:
     return None
 
 
-def preimage_gd(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor, precision: str = "ieee"):
+def preimage_gd(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor, precision: str = C.DEFAULT_PRECISION):
     """Same contract as geomkern.ops.preimage.gd_reference; lr: (b,) per-point steps."""
     step = (4.0 * gamma * lr).contiguous()  # the reference's step, computed the same way
     out = _launch(Z0, B, T, step, gamma, steps, False, precision)
     return gd_reference(Z0, B, T, gamma, steps, lr) if out is None else out
 
 
-def preimage_fixed_point(Z0, B, A, gamma: float, steps: int, precision: str = "ieee"):
+def preimage_fixed_point(Z0, B, A, gamma: float, steps: int, precision: str = C.DEFAULT_PRECISION):
     """Same contract as geomkern.ops.preimage.fixed_point_reference; A: (b, S) coefficients."""
     out = _launch(Z0, B, A, None, gamma, steps, True, precision)
     return fixed_point_reference(Z0, B, A, gamma, steps) if out is None else out

@@ -4,8 +4,9 @@ K_ij = exp(-gamma * max(|x_i|^2 + |y_j|^2 - 2 <x_i, y_j>, 0)).
 
 Each tile is one kernel: the norms are summed from the same (rows, BLOCK_K) slabs that feed the
 tiled tl.dot, and exp is the epilogue. tl.dot accumulates in float32 (float64 for float64
-inputs); ``precision="tf32"`` lets float32 operands use TF32 tensor cores (about 1e-3 relative
-error on the dot, so ~gamma * |x|^2 * 1e-3 relative on K), "ieee" (the default) does not.
+inputs); float32 operands use the tensor cores as three TF32 products by default ("tf32x3",
+about float32's accuracy), or one ("tf32": about 1e-3 relative error on the dot, so
+~gamma * |x|^2 * 1e-3 relative on K), or none ("ieee": FFMA). See geomkern._validate.PRECISIONS.
 """
 from __future__ import annotations
 
@@ -186,7 +187,7 @@ def _tiles(n: int, D: int, dtype: torch.dtype) -> tuple[int, int]:
 
 
 def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: int, gamma: float,
-             center: bool, precision: str = "ieee", shifts: torch.Tensor | None = None):
+             center: bool, precision: str = C.DEFAULT_PRECISION, shifts: torch.Tensor | None = None):
     """Symmetric RBF Grams of m row segments of X in one launch (two with ``center``).
 
     X: (N, D); starts, sizes: int64 (m,) on X's device (segment c = rows starts[c] : starts[c] +
@@ -224,7 +225,7 @@ def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: i
     return out, row_means
 
 
-def rbf_gram(X, Y, gamma: float, center: bool, precision: str = "ieee") -> torch.Tensor:
+def rbf_gram(X, Y, gamma: float, center: bool, precision: str = C.DEFAULT_PRECISION) -> torch.Tensor:
     """K(X, Y) (n, m), or the symmetric K(X, X) (exact unit diagonal, exactly symmetric; only the
     tiles i <= j are computed) when Y is None, double-centred with ``center``. Output in X's
     dtype; float16/bfloat16 inputs accumulate in float32."""
@@ -247,7 +248,7 @@ def rbf_gram(X, Y, gamma: float, center: bool, precision: str = "ieee") -> torch
     return out
 
 
-def rbf_matmul(X, Y, V, gamma: float, precision: str = "ieee") -> torch.Tensor:
+def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> torch.Tensor:
     """K(X, Y) @ V (n, p) for X (n, D), Y (m, D), V (m, p); K is never stored."""
     X, Y, V = X.contiguous(), Y.contiguous(), V.contiguous()
     n, m, D, p = X.shape[0], Y.shape[0], X.shape[1], V.shape[1]

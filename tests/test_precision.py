@@ -1,0 +1,118 @@
+"""The public ``precision=`` of the ops with a dot, and what each choice costs in accuracy.
+
+Triton's interpreter computes tl.dot in plain float32 whatever ``input_precision`` says, so the
+CPU tests of the Triton kernels cannot show a tensor-core precision's error. It is bounded here
+instead with an emulation of what the tensor cores do -- float32 operands rounded to TF32's
+10-bit mantissa (round to nearest, ties away, as cvt.rna.tf32.f32; truncation as the worst case
+of feeding raw float32 registers), products exact, float32 accumulation -- checked bit by bit on
+hand-made values, then applied to the ops' own formula |x|^2 + |y|^2 - 2<x, y> against float64.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import geomkern as gk
+from conftest import TOL, rel_error
+from geomkern import _validate
+
+F32 = torch.float32
+
+
+def round_tf32(x: torch.Tensor, *, truncate: bool = False) -> torch.Tensor:
+    """float32 -> float32 holding a TF32 value (1 sign, 8 exponent, 10 mantissa bits)."""
+    u = x.detach().cpu().contiguous().numpy().view(np.uint32).astype(np.uint64)
+    if not truncate:
+        u = u + 0x1000  # half of the 13 dropped bits: round to nearest, ties away from zero
+    u = (u & 0xFFFFE000).astype(np.uint32)
+    return torch.from_numpy(u.view(np.float32).copy())
+
+
+def dot_emulated(a: torch.Tensor, b: torch.Tensor, precision: str, *, truncate: bool = False):
+    """a (n, K) @ b (K, m) as a float32 tensor-core dot at ``precision`` would compute it."""
+    if precision == "ieee":
+        return a @ b
+    ah, bh = round_tf32(a, truncate=truncate), round_tf32(b, truncate=truncate)
+    out = ah.double() @ bh.double()
+    if precision == "tf32x3":
+        al, bl = round_tf32(a - ah, truncate=truncate), round_tf32(b - bh, truncate=truncate)
+        out = out + ah.double() @ bl.double() + al.double() @ bh.double()
+    return out.float()
+
+
+def gram_emulated(X: torch.Tensor, gamma: float, precision: str, *, truncate: bool = False):
+    """The ops' Gram formula with the dot at ``precision`` (norms in float32 as the kernels do)."""
+    sq = (X * X).sum(1)
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * dot_emulated(X, X.T, precision, truncate=truncate)).clamp_min(0)
+    return torch.exp(-gamma * d2)
+
+
+def test_tf32_rounding_on_hand_made_values():
+    one_ulp = 2.0 ** -10  # TF32's spacing at 1.0
+    x = torch.tensor([1.0, 1.0 + one_ulp, 1.0 + one_ulp / 2, 1.0 + one_ulp / 4, -(1.0 + 3 * one_ulp / 4),
+                      3.0e-5, 0.0], dtype=F32)
+    r = round_tf32(x)
+    assert r[0] == 1.0 and r[1] == 1.0 + one_ulp  # representable: unchanged
+    assert r[2] == 1.0 + one_ulp  # a tie rounds away from zero
+    assert r[3] == 1.0  # below half an ulp rounds down
+    assert r[4] == -(1.0 + one_ulp)
+    assert r[6] == 0.0
+    assert round_tf32(x, truncate=True)[2] == 1.0
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(10_000, generator=g) * 10.0 ** torch.randint(-20, 20, (10_000,), generator=g)
+    rel = ((round_tf32(y) - y).abs() / y.abs()).max()
+    assert rel <= 2.0 ** -11 * 1.0001  # half an ulp of a 10-bit mantissa
+    assert ((round_tf32(y, truncate=True) - y).abs() / y.abs()).max() < 2.0 ** -10
+
+
+@pytest.fixture(scope="module")
+def unit_rows():
+    """Benchmark-like data: 600 unit-norm rows, D = 512, a few near-duplicates (the hard case for
+    |x|^2 + |y|^2 - 2<x, y>), median-heuristic gamma."""
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(600, 512, generator=g, dtype=torch.float64)
+    X[300:310] = X[:10] + 1e-3 * torch.randn(10, 512, generator=g, dtype=torch.float64)
+    X = X / X.norm(dim=1, keepdim=True)
+    return X.float(), gk.median_gamma(X)
+
+
+def test_dot_error_by_precision(unit_rows):
+    X, _ = unit_rows
+    exact = X.double() @ X.double().T
+    err = {p: rel_error(dot_emulated(X, X.T, p), exact) for p in _validate.PRECISIONS}
+    assert err["ieee"] < 1e-6
+    assert err["tf32x3"] < 1e-6  # the split recovers float32's accuracy
+    assert 1e-5 < err["tf32"] < 1e-2  # one TF32 product does not: the reason it is not the default
+    assert rel_error(dot_emulated(X, X.T, "tf32x3", truncate=True), exact) < 1e-6
+
+
+@pytest.mark.parametrize("truncate", [False, True], ids=["rna", "truncated"])
+def test_default_precision_meets_the_float32_bound_on_the_gram(unit_rows, truncate):
+    X, gamma = unit_rows
+    ref = gk.rbf_gram(X.double(), gamma=gamma)
+    assert _validate.DEFAULT_PRECISION == "tf32x3"
+    assert rel_error(gram_emulated(X, gamma, "tf32x3", truncate=truncate), ref) <= TOL[F32]
+    assert rel_error(gram_emulated(X, gamma, "ieee"), ref) <= TOL[F32]
+    # tf32 is the fast option, with an error the docstring states (~1e-3 on the dot)
+    assert rel_error(gram_emulated(X, gamma, "tf32", truncate=truncate), ref) > TOL[F32]
+
+
+def test_every_public_op_with_a_dot_takes_precision(gen):
+    X = torch.randn(30, 4, generator=gen)
+    off = torch.tensor([0, 12, 30])
+    fit = gk.kpca(X, off, n_components=2, gamma=0.5, precision="tf32")
+    B, T = X[:5], torch.rand(3, 5, generator=gen)
+    calls = [lambda p: gk.rbf_gram(X, gamma=0.5, precision=p),
+             lambda p: gk.rbf_matmul(X, X, X[:, :2], gamma=0.5, precision=p),
+             lambda p: gk.kpca(X, off, n_components=2, gamma=0.5, precision=p).alphas,
+             lambda p: gk.project_onto_basis(X, fit, B, gamma=0.5, precision=p),
+             lambda p: gk.preimage(X[:3], B, T, gamma=0.5, steps=3, precision=p),
+             lambda p: gk.preimage(X[:3], B, T, gamma=0.5, steps=3, method="fixed_point", precision=p),
+             lambda p: gk.kmeans(X, 3, precision=p)[1]]
+    for call in calls:
+        # the reference and native backends have no tensor cores: every precision, same bits
+        outs = [call(p) for p in _validate.PRECISIONS]
+        assert all(torch.equal(outs[0], o) for o in outs[1:])
+        with pytest.raises(ValueError, match=r"precision='bf16' is not supported; choose one of"):
+            call("bf16")
