@@ -130,25 +130,22 @@ def local_pca_samples(clients, target, seed, n_clusters, d):
 
 
 def fedmc_setup(clients, *, n_clusters, d, n_base, n_entries, gamma, seed):
-    k = -(-2 * n_base // len(clients))  # enough prototypes for the server's K-Means into n_base
-    protos = [fedmc.client_prototypes(torch.from_numpy(C), k, epsilon=math.inf,
-                                      delta=1e-5, clip_norm=1e9, generator=torch.Generator().manual_seed(seed + i))
-              for i, C in enumerate(clients)]
-    B = fedmc.build_gab(protos, n_base, seed=seed)
-    g = fedmc.resolve_gamma(gamma, B)
-    lgds = [fedmc.local_geometry(torch.from_numpy(C), B, n_clusters=n_clusters, n_components=d, gamma=g,
-                                 epsilon=math.inf, clip_norm=1e9,
-                                 generator=torch.Generator().manual_seed(seed + 100 + i))
-            for i, C in enumerate(clients)]
-    dictionary = fedmc.fuse(lgds, n_entries=min(n_entries, sum(l.centers.shape[0] for l in lgds)), seed=seed)
-    return B, dictionary
+    """FedMC's set-up recipe (fedmc.setup) without DP noise or clipping; enough prototypes per client
+    for the server's K-Means into n_base."""
+    res = fedmc.setup([torch.from_numpy(C) for C in clients],
+                      generators=[torch.Generator().manual_seed(seed + i) for i in range(len(clients))],
+                      n_prototypes=-(-2 * n_base // len(clients)), n_base=n_base, n_clusters=n_clusters,
+                      n_components=d, n_entries=n_entries, gamma=gamma, epsilon=math.inf, clip_norm=1e9,
+                      seed=seed)
+    return res.basis, res.dictionary
 
 
 def fedmc_samples(clients, target, seed, B, dictionary, *, formulation, method, steps=None, anchored=False):
     X = torch.from_numpy(np.concatenate(clients))
+    prepared = fedmc.prepare(dictionary, B)  # once for the whole bisection
 
     def sample(scale):
-        Z = fedmc.calibrate(X, dictionary, B, formulation=formulation, method=method, scale=scale,
+        Z = fedmc.calibrate(X, prepared, formulation=formulation, method=method, scale=scale,
                             steps=steps, anchored=anchored, generator=torch.Generator().manual_seed(seed))
         return Z.numpy(), float((Z - X).norm(dim=1).mean())
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from geomkern import fedmc, ggeur
+from geomkern.exchange import nbytes
 
 from ._params import merge_params
+from ._seeds import SETUP, generator
 
 
 @dataclass
@@ -22,10 +24,6 @@ class ClientData:
     x: torch.Tensor
     y: torch.Tensor
     d: torch.Tensor | None = None
-
-
-def _nbytes(*ts) -> int:
-    return sum(t.numel() * t.element_size() for t in ts)
 
 
 class Augmenter:
@@ -65,7 +63,7 @@ class GGEURAugmenter(Augmenter):
         down = len(clients) * self.geometry.nbytes()
         if self.use_protos:
             self.others = [ggeur.prototypes(self.stats, exclude=k) for k in range(len(clients))]
-            down += sum(_nbytes(p, l) for p, l in self.others)
+            down += sum(nbytes(p, l) for p, l in self.others)
         self.setup_bytes = (up, down)
 
     def augment(self, cid, data, *, generator):
@@ -110,26 +108,17 @@ class FedMCAugmenter(Augmenter):
     def setup(self, clients, *, n_classes, seed):
         p = self.p
         self.n_classes = n_classes
-        gens = [torch.Generator().manual_seed(seed * 1000 + k) for k in range(len(clients))]
-        protos = [fedmc.client_prototypes(c.x.cpu(), min(p["n_prototypes"], c.x.shape[0]), epsilon=p["epsilon"],
-                                          delta=p["delta"], clip_norm=p["clip_norm"], generator=g)
-                  for c, g in zip(clients, gens)]
-        n_protos = sum(pr.centers.shape[0] for pr in protos)
-        self.B = fedmc.build_gab(protos, min(p["n_base"], n_protos), seed=seed)
-        self.gamma = fedmc.resolve_gamma(p["gamma"], self.B)
-        lgds = []
-        d = p["n_components"] if isinstance(p["n_components"], int) else 16  # "auto" caps at 16
-        for c, g in zip(clients, gens):
-            # patches need more than d points for d kernel PCs: small clients get fewer patches
-            m = max(1, min(p["n_clusters"], c.x.shape[0] // (2 * d)))
-            lgds.append(fedmc.local_geometry(c.x.cpu(), self.B, n_clusters=m, n_components=p["n_components"],
-                                             gamma=self.gamma, epsilon=p["epsilon"], delta=p["delta"],
-                                             clip_norm=p["clip_norm"], generator=g))
-        n_patches = sum(l.centers.shape[0] for l in lgds)
-        self.dictionary = fedmc.fuse(lgds, n_entries=min(p["n_entries"], n_patches), seed=seed)
-        self.spent = [(pr.epsilon, l.epsilon) for pr, l in zip(protos, lgds)]
-        up = sum(_nbytes(pr.centers, pr.counts) + l.nbytes() for pr, l in zip(protos, lgds))
-        down = len(clients) * (_nbytes(self.B) + self.dictionary.nbytes())
+        gens = [generator(seed, 0, k, SETUP) for k in range(len(clients))]  # the run's one derivation
+        # the data stays on its device: geomkern's steps return tensors where their inputs are
+        res = fedmc.setup([c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"],
+                          n_base=p["n_base"], n_clusters=p["n_clusters"], n_components=p["n_components"],
+                          n_entries=p["n_entries"], gamma=p["gamma"], epsilon=p["epsilon"], delta=p["delta"],
+                          clip_norm=p["clip_norm"], seed=seed)
+        self.B, self.gamma, self.dictionary = res.basis, res.gamma, res.dictionary
+        self.prepared = fedmc.prepare(res.dictionary, res.basis)  # calibrate's constants, once
+        self.spent = res.epsilon  # per client, both DP releases composed
+        up = sum(nbytes(pr.centers, pr.counts) + l.nbytes() for pr, l in zip(res.prototypes, res.lgds))
+        down = len(clients) * (nbytes(self.B) + self.dictionary.nbytes())
         self.setup_bytes = (up, down)
 
     def augment(self, cid, data, *, generator):
@@ -140,10 +129,9 @@ class FedMCAugmenter(Augmenter):
             rows = fill_sources(data.y, self.n_classes, p["target_per_class"])
         if rows.numel() == 0:
             return data.x[:0], data.y[:0]
-        Z = fedmc.calibrate(data.x[rows].cpu(), self.dictionary, self.B, formulation=p["formulation"],
-                            method=p["method"], scale=p["scale"], steps=p["steps"], anchored=p["anchored"],
-                            generator=generator)
-        return Z.to(data.x.device), data.y[rows]
+        Z = fedmc.calibrate(data.x[rows], self.prepared, formulation=p["formulation"], method=p["method"],
+                            scale=p["scale"], steps=p["steps"], anchored=p["anchored"], generator=generator)
+        return Z, data.y[rows]
 
 
 AUGMENTERS = {"none": Augmenter, "ggeur": GGEURAugmenter, "fedmc": FedMCAugmenter}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -34,7 +35,8 @@ def _demo(args) -> int:
 
 _DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "moon": "MOON",
             "feddyn": "FedDyn", "fedopt": "FedOpt", "fedadam": "FedAdam", "fedyogi": "FedYogi",
-            "fedavgm": "FedAvgM", "fedntd": "FedNTD", "fedproto": "FedProto", "ggeur": "GGEUR",
+            "fedavgm": "FedAvgM", "fedntd": "FedNTD", "fedproto": "FedProto", "fedmp": "FedMP", "fedmp_sfmc": "FedMP-SFMC",
+            "fedmp_cpgma": "FedMP-cPGMA", "ggeur": "GGEUR",
             "fedmc": "FedMC"}
 
 
@@ -68,7 +70,8 @@ def _run(args) -> int:
                           ("clients", "n_clients"), ("rounds", "rounds"), ("fraction", "client_fraction"),
                           ("epochs", "local_epochs"), ("batch_size", "batch_size"), ("lr", "lr"),
                           ("model", "model"), ("seed", "seed"), ("seeds", "seeds"), ("device", "device"),
-                          ("min_size", "min_size"), ("zero_shot", "zero_shot")):
+                          ("min_size", "min_size"), ("zero_shot", "zero_shot"),
+                          ("feature_shift", "feature_shift"), ("feature_noise", "feature_noise")):
             v = getattr(args, key)
             if v is not None:
                 setattr(cfg, attr, v)
@@ -150,6 +153,25 @@ def _embed(args) -> int:
     return 0
 
 
+def _import(args) -> int:
+    from .data import save_dataset
+    from .data.importer import format_summary, import_embeddings
+
+    out = Path(args.out)
+    if out.suffix not in (".npz", ".safetensors"):
+        raise ValueError(f"--out {out}: the dataset file must end in .npz or .safetensors")
+    if out.exists() and not args.overwrite:
+        raise ValueError(f"--out {out} already exists (pass --overwrite to replace it)")
+    ds = import_embeddings(args.train_x, args.train_y, test_x=args.test_x, test_y=args.test_y,
+                           test_fraction=args.test_fraction, class_names=args.class_names, domains=args.domains,
+                           test_domains=args.test_domains, normalize=not args.no_normalize, seed=args.seed,
+                           name=out.stem)
+    save_dataset(ds, out)
+    print(format_summary(ds))
+    print(f"wrote {out}; train on it with: fedsim run --dataset {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsim", description="federated simulator for feature calibration "
                                 "(FedMC, GGEUR) on frozen embeddings")
@@ -159,11 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="TOML file with RunConfig keys and [[methods]] tables")
     r.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR")
     r.add_argument("--out", help="output folder (default fedsim-out/run-<time>)")
-    r.add_argument("--dataset", help='"default" (embedded) or a .npz/.safetensors file')
+    r.add_argument("--dataset", help='"default" (embedded) or a dataset file written by `fedsim import` '
+                   "(your own embeddings) or `fedsim embed`")
     r.add_argument("--partition", help="iid | dirichlet | domain | label_domain")
     r.add_argument("--beta", type=float, help="Dirichlet concentration (default 0.1)")
     r.add_argument("--clients", type=int, help="number of clients (default 10)")
     r.add_argument("--min-size", dest="min_size", type=int, help="minimum samples per client (default 10)")
+    r.add_argument("--feature-shift", dest="feature_shift", type=float, metavar="ANGLE",
+                   help="feature-shift option of the partition: every client sees its data (and its share of "
+                        "the test set) through its own fixed random rotation of this strength (default 0: none)")
+    r.add_argument("--feature-noise", dest="feature_noise", type=float, metavar="STD",
+                   help="with it, fixed Gaussian noise of about this norm per row (default 0)")
     r.add_argument("--rounds", type=int, help="communication rounds (default 30)")
     r.add_argument("--fraction", type=float, help="fraction of clients sampled per round (default 1)")
     r.add_argument("--epochs", type=int, help="local epochs per round (default 1)")
@@ -228,11 +256,47 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     e.add_argument("--quiet", action="store_true", help="no progress bars")
     e.set_defaults(func=_embed)
+    i = sub.add_parser("import", help="turn your own embeddings and labels (.npy, .npz, .pt, .safetensors, .csv, "
+                                      ".parquet) into a dataset file for `fedsim run`",
+                       description="Features and labels from .npy, .npz (one array or FILE.npz:KEY), .pt/.pth "
+                       "(a tensor or a dict of tensors; torch.load weights_only=True), .safetensors, .csv or "
+                       ".parquet (one column per dimension or one list-valued column; labels/domains one "
+                       "column, FILE.csv:COLUMN). Labels are integer ids or strings (mapped to ids in sorted "
+                       "order). Layout and examples: docs/own-embeddings.md.")
+    i.add_argument("--train-x", dest="train_x", required=True, metavar="F", help="train features (n, D)")
+    i.add_argument("--train-y", dest="train_y", required=True, metavar="F", help="train labels (n,)")
+    i.add_argument("--test-x", dest="test_x", metavar="F", help="test features (m, D): the files' own split")
+    i.add_argument("--test-y", dest="test_y", metavar="F", help="test labels (m,)")
+    i.add_argument("--test-fraction", dest="test_fraction", type=float, metavar="FRAC",
+                   help="without --test-x/--test-y: test share of the seeded stratified split per (domain, "
+                        "class), as in fedsim embed (default 0.2)")
+    i.add_argument("--seed", type=int, default=0, metavar="N", help="seed of that split (default 0)")
+    i.add_argument("--class-names", dest="class_names", metavar="F",
+                   help="text file, one class name per line (line i = label i; string labels must be listed); "
+                        "default class_0, class_1, ... or the sorted string labels")
+    i.add_argument("--domains", metavar="F", help="domain label per train row (ids or strings); enables "
+                                                  "--partition domain / label_domain")
+    i.add_argument("--test-domains", dest="test_domains", metavar="F",
+                   help="domain label per test row (with --test-x/--test-y and --domains)")
+    i.add_argument("--no-normalize", dest="no_normalize", action="store_true",
+                   help="keep raw rows (default: L2-normalise every row; recorded in meta['normalised'])")
+    i.add_argument("--out", required=True, help="output .npz or .safetensors dataset file")
+    i.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    i.set_defaults(func=_import)
     return p
+
+
+# the `fedsim` extra of pyproject.toml (import name: distribution); plain `geomkern` needs none
+_EXTRA_MODULES = {"matplotlib": "matplotlib", "PIL": "Pillow", "sklearn": "scikit-learn", "tqdm": "tqdm"}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    missing = [dist for m, dist in _EXTRA_MODULES.items() if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"fedsim: error: missing {', '.join(missing)}; install the simulator's dependencies with "
+              "pip install 'geomkern[fedsim]'", file=sys.stderr)
+        return 2
     for name in ("n", "dim", "clusters", "components", "basis", "holdout"):
         if getattr(args, name, 1) < 1:
             print(f"fedsim: --{name} must be >= 1", file=sys.stderr)

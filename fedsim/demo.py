@@ -1,9 +1,9 @@
-"""Geometry demo: the client-side FedMC geometry pipeline on an S-curve embedded in D dims.
+"""Geometry demo: the FedMC geometry pipeline on an S-curve embedded in D dims, one client.
 
-Stages (each one gk call over all clusters at once): K-Means patches, kernel PCA on every patch,
-a shared basis by K-Means, betas by basis projection, then pre-images that recover held-out
-points from their kernel values with each solver. Prints what each stage cost on each backend
-and how well the pre-images recover the points.
+Stages: FedMC's set-up recipe (``fedmc.setup``: prototypes -> GAB -> gamma -> K-Means patches,
+kernel PCA of every patch in one call and betas -> fused dictionary), pre-images that recover
+held-out points from their kernel values with each solver, and calibrated samples around them.
+Prints what each stage cost on each backend and how well the pre-images recover the points.
 """
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import time
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import geomkern as gk
+from geomkern import fedmc
+
+from ._progress import progress_bar
 
 
 def s_curve(n: int, dim: int, noise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,35 +47,19 @@ def run_demo(*, n: int = 6000, dim: int = 64, clusters: int = 8, components: int
     train, held = X[:n], X[n:]
     rows: list[dict] = []
     backends = [b for b in ("reference", "native") if b in gk.available_backends()]
-    stages = tqdm(total=len(backends) * 7, desc="geometry demo", unit="stage", leave=False)
+    stages = progress_bar(total=len(backends) * 4, desc="geometry demo", unit="stage")
+    clip = float(train.norm(dim=1).max())  # no DP here: clipping must not bend the curve
     for backend in backends:
         with gk.set_backend(backend):
-            gamma, t = _timed(lambda: gk.median_gamma(train))
-            rows.append(dict(backend=backend, stage="median_gamma", seconds=t, detail=f"gamma={gamma:.4g}"))
-            stages.update()
-            (labels, _), t = _timed(lambda: gk.kmeans(train, clusters, seed=seed))
-            order = torch.argsort(labels, stable=True)
-            Xs = train[order]
-            offsets = torch.zeros(clusters + 1, dtype=torch.int64)
-            offsets[1:] = torch.cumsum(torch.bincount(labels, minlength=clusters), 0)
-            sizes = (offsets[1:] - offsets[:-1]).tolist()
-            rows.append(dict(backend=backend, stage="kmeans patches", seconds=t,
-                             detail=f"{clusters} patches, sizes {min(sizes)}-{max(sizes)}"))
-            stages.update()
-            fit, t = _timed(lambda: gk.kpca(Xs, offsets, n_components=components, gamma=gamma))
-            # Total feature-space variance of a patch is tr(H K H)/n = 1 - mean(K).
-            total = torch.stack([1.0 - gk.rbf_gram(Xs[offsets[j]:offsets[j + 1]], gamma=gamma).mean()
-                                 for j in range(clusters)])
-            share = (fit.variances.sum(1) / total).mean()
-            rows.append(dict(backend=backend, stage="kpca (all patches)", seconds=t,
-                             detail=f"top-{components} variance share {float(share):.2f}"))
-            stages.update()
-            (_, B), t = _timed(lambda: gk.kmeans(train, basis, seed=seed + 1, iters=20))
-            rows.append(dict(backend=backend, stage="basis (kmeans)", seconds=t, detail=f"S={basis}"))
-            stages.update()
-            betas, t = _timed(lambda: gk.project_onto_basis(Xs, fit, B, gamma=gamma))
-            rows.append(dict(backend=backend, stage="project_onto_basis", seconds=t,
-                             detail=f"betas {tuple(betas.shape)}"))
+            res, t = _timed(lambda: fedmc.setup(
+                [train], generators=[torch.Generator().manual_seed(seed)], n_prototypes=basis, n_base=basis,
+                n_clusters=clusters, n_components=components, n_entries=clusters, clip_norm=clip, seed=seed))
+            B, gamma, lgd = res.basis, res.gamma, res.lgds[0]
+            sizes = lgd.counts.round().long().tolist()
+            rows.append(dict(backend=backend, stage="fedmc.setup", seconds=t,
+                             detail=f"S={B.shape[0]}, gamma={gamma:.4g}, {len(sizes)} patches of "
+                                    f"{min(sizes)}-{max(sizes)}, d={lgd.betas.shape[1]}, "
+                                    f"{res.dictionary.betas.shape[0]} entries"))
             stages.update()
             targets = gk.rbf_gram(held, B, gamma=gamma)
             start = held + 0.3 / gamma ** 0.5 * torch.randn_like(held) / dim ** 0.5
@@ -85,6 +71,11 @@ def run_demo(*, n: int = 6000, dim: int = 64, clusters: int = 8, components: int
                                  detail=f"{holdout} pts, {steps} steps, mean loss {float(loss.mean()):.2e}, "
                                         f"median error/start error {err:.3f}"))
                 stages.update()
+            prepared = fedmc.prepare(res.dictionary, B)
+            Zc, t = _timed(lambda: fedmc.calibrate(held, prepared, generator=torch.Generator().manual_seed(seed)))
+            rows.append(dict(backend=backend, stage="fedmc.calibrate", seconds=t,
+                             detail=f"{holdout} pts, mean |x' - x| {float((Zc - held).norm(dim=1).mean()):.3g}"))
+            stages.update()
     stages.close()
     return rows
 

@@ -39,16 +39,33 @@ class CosineHead(nn.Module):
 
 
 class MLPHead(nn.Module):
-    """One hidden layer (ReLU); features are the hidden activations."""
+    """One hidden layer (ReLU); features are the hidden activations.
+
+    It is a trunk f (``trunk``: fc1 + ReLU, (b, D) -> (b, hidden)) and a classifier g
+    (``classify``: fc2, (b, hidden) -> (b, C)): methods that train g on features computed
+    elsewhere (FedMP's feature bank) call ``classify`` directly. A model without these two
+    methods has no trunk.
+    """
 
     def __init__(self, dim: int, n_classes: int, *, hidden: int = 256):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, n_classes)
 
+    def trunk(self, x):
+        return F.relu(self.fc1(x))
+
+    def classify(self, h):
+        return self.fc2(h)
+
     def forward(self, x):
-        h = F.relu(self.fc1(x))
-        return self.fc2(h), h
+        h = self.trunk(x)
+        return self.classify(h), h
+
+
+def has_trunk(model_or_class) -> bool:
+    """Whether a model splits into a trunk f and a classifier g (``trunk`` and ``classify``)."""
+    return callable(getattr(model_or_class, "trunk", None)) and callable(getattr(model_or_class, "classify", None))
 
 
 MODELS = {"linear": CosineHead, "mlp": MLPHead}

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from ._io import atomic_write
 from .data.partition import class_matrix
 
 
@@ -101,17 +101,16 @@ def plot_partition(parts, labels, n_classes: int, class_names, path: Path) -> No
 def write_outputs(results: dict, timings: dict, ds, parts, out: Path) -> None:
     plot_partition(parts, ds.y_train, ds.n_classes, ds.class_names, out / "partition.png")
     plot_accuracy(results, out / "accuracy.png")
-    with open(out / "results.csv.tmp", "w", newline="") as f:
+    with atomic_write(out / "results.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "seed", "round", "accuracy", "train_loss"])
         for name, m in results["methods"].items():
             for seed, v in m["seeds"].items():
                 for r, (a, l) in enumerate(zip(v["accuracy"], v["train_loss"]), 1):
                     w.writerow([name, seed, r, f"{a:.6f}", f"{l:.6f}"])
-    os.replace(out / "results.csv.tmp", out / "results.csv")
-    (out / "timings.json").write_text(json.dumps(timings, indent=2))
-    (out / "table.txt").write_text(format_table(results, timings) + "\n")
-    # results.json last: its presence marks a finished run
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2))
-    os.replace(tmp, out / "results.json")
+    for name, text in (("timings.json", json.dumps(timings, indent=2)),
+                       ("table.txt", format_table(results, timings) + "\n"),
+                       # results.json last: its presence marks a finished run
+                       ("results.json", json.dumps(results, indent=2))):
+        with atomic_write(out / name) as tmp:
+            tmp.write_text(text)

@@ -1,30 +1,32 @@
 """The one round loop: every algorithm x augmenter is a configuration of it.
 
 Determinism: all randomness is derived from (seed, round, client) — client sampling, shuffling,
-augmentation — so a run resumed from its last checkpoint continues exactly as an uninterrupted
-one. Each (method, seed) writes ``checkpoint.pt`` after every round (atomic rename); the run's
+augmentation, the augmenters' set-up (one derivation, ``_seeds.py``) — so a run resumed from its
+last checkpoint continues exactly as an uninterrupted one. Each (method, seed) writes ``checkpoint.pt`` after every round (atomic rename); the run's
 ``results.json`` appears only when every method and seed has finished. Timings go to
 ``timings.json`` (they differ between runs; the results do not).
 """
 from __future__ import annotations
 
 import json
-import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ._io import atomic_write
+from ._progress import progress_bar
+from ._seeds import AUGMENT, TRAIN, generator
 from .algorithms import ALGORITHMS, build_algorithm
 from .algorithms.base import ClientContext
 from .augmenters import AUGMENTERS, ClientData, build_augmenter
 from .client import local_train
 from .data import load_dataset
-from .data.partition import SCHEMES, partition
-from .models import MODELS, build_model
+from .data.partition import SCHEMES, feature_shift, partition
+from .models import MODELS, build_model, has_trunk
 
 
 @dataclass
@@ -48,6 +50,8 @@ class RunConfig:
     beta: float = 0.1
     n_clients: int = 10
     min_size: int = 10
+    feature_shift: float = 0.0  # per-client rotation strength (partition.feature_shift); 0 = none
+    feature_noise: float = 0.0  # norm of the fixed per-row noise of that option
     client_fraction: float = 1.0
     rounds: int = 30
     local_epochs: int = 1
@@ -75,6 +79,10 @@ class RunConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 bad(name, f"must be an integer >= 1, got {v!r}")
+        for name in ("feature_shift", "feature_noise"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                bad(name, f"must be a finite number >= 0, got {v!r}")
         if not 0 < self.client_fraction <= 1:
             bad("client_fraction", f"must lie in (0, 1], got {self.client_fraction}")
         if not self.lr > 0:
@@ -91,7 +99,10 @@ class RunConfig:
                 bad(f"methods[{m.name}].algorithm", f"must be one of {sorted(ALGORITHMS)}, got {m.algorithm!r}")
             if m.augmenter not in AUGMENTERS:
                 bad(f"methods[{m.name}].augmenter", f"must be one of {sorted(AUGMENTERS)}, got {m.augmenter!r}")
-            build_algorithm(m.algorithm, **m.algorithm_params)  # unknown hyper-parameters raise here
+            algo = build_algorithm(m.algorithm, **m.algorithm_params)  # unknown hyper-parameters raise here
+            if getattr(algo, "needs_trunk", False) and not has_trunk(MODELS[self.model]):
+                bad("model", f"is {self.model!r}, which has no trunk, but methods[{m.name}].algorithm "
+                    f"{m.algorithm!r} trains a classifier on trunk features: use model='mlp'")
             build_augmenter(m.augmenter, **m.augmenter_params)
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             bad("device", f"is {self.device!r} but CUDA is not available here")
@@ -133,24 +144,6 @@ def load_config(path) -> RunConfig:
 
 
 # ------------------------------------------------------------------------------ helpers
-def _gen(*key: int) -> torch.Generator:
-    """A generator seeded from a tuple key, independent of any global RNG state."""
-    seq = np.random.SeedSequence(list(key))
-    return torch.Generator().manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> 1))
-
-
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_json(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
-
-
 @torch.no_grad()
 def evaluate(model, x, y, d=None, n_domains: int = 0) -> tuple[float, list[float]]:
     model.eval()
@@ -172,9 +165,12 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     dev = torch.device(cfg.device)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
-    clients = [ClientData(ds.x_train[p].to(dev), ds.y_train[p].to(dev),
-                          None if ds.d_train is None else ds.d_train[p].to(dev)) for p in parts]
-    x_test, y_test = ds.x_test.to(dev), ds.y_test.to(dev)
+    xs, x_test = [ds.x_train[p] for p in parts], ds.x_test
+    if cfg.feature_shift or cfg.feature_noise:  # each client's own view, the test rows split among them
+        xs, x_test, _ = feature_shift(xs, x_test, angle=cfg.feature_shift, noise=cfg.feature_noise, seed=seed)
+    clients = [ClientData(x.to(dev), ds.y_train[p].to(dev),
+                          None if ds.d_train is None else ds.d_train[p].to(dev)) for x, p in zip(xs, parts)]
+    x_test, y_test = x_test.to(dev), ds.y_test.to(dev)
     d_test = None if ds.d_test is None else ds.d_test.to(dev)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -182,6 +178,7 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     if cfg.zero_shot:
         model.init_from_text(ds.class_text.to(device=dev, dtype=torch.float32))
     algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
+    algo.seed = seed  # algorithms that draw (FedMP's bank samples) derive from (seed, round, client)
     global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     history: list[dict] = []
     timings: dict = {"rounds": []}
@@ -200,15 +197,16 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     setup_up, setup_down = augmenter.setup_bytes
     K = len(clients)
     n_sel = max(1, int(round(cfg.client_fraction * K)))
-    rounds = tqdm(range(start, cfg.rounds), desc=f"{spec.name} seed {seed}", unit="round",
-                  initial=start, total=cfg.rounds, disable=not progress, leave=False)
+    rounds = progress_bar(range(start, cfg.rounds), desc=f"{spec.name} seed {seed}", unit="round",
+                          initial=start, total=cfg.rounds, enabled=progress)
     for r in rounds:
         rng = np.random.default_rng([seed, r, 17])
         selected = sorted(rng.choice(K, n_sel, replace=False).tolist())
         updates, up, down, t_train, t_geom = [], 0, 0, 0.0, 0.0
-        for cid in tqdm(selected, desc="clients", unit="client", disable=not progress, leave=False):
+        for cid in progress_bar(selected, desc="clients", unit="client", enabled=progress, nested=True):
             t0 = time.perf_counter()
-            xa, ya = augmenter.augment(cid, clients[cid], generator=_gen(seed, r, cid, 1))
+            # on the run's device: the augmenters draw where the data is (same numbers on CPU)
+            xa, ya = augmenter.augment(cid, clients[cid], generator=generator(seed, r, cid, AUGMENT, device=dev))
             t_geom += time.perf_counter() - t0
             c = clients[cid]
             model.load_state_dict(global_params)
@@ -219,7 +217,7 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
             t0 = time.perf_counter()
             upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
                               momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                              generator=_gen(seed, r, cid, 2))
+                              generator=generator(seed, r, cid, TRAIN))
             t_train += time.perf_counter() - t0
             updates.append(upd)
             up += upd.upload_bytes()
@@ -233,8 +231,9 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
                         "train_loss": float(np.mean([u.loss for u in updates])),
                         "bytes_up": up, "bytes_down": down})
         timings["rounds"].append({"round": r + 1, "train_s": t_train, "geometry_s": t_geom})
-        _atomic_save({"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
-                      "history": history, "timings": timings}, ckpt)
+        with atomic_write(ckpt) as tmp:
+            torch.save({"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
+                        "history": history, "timings": timings}, tmp)
         rounds.set_postfix(acc=f"{acc:.3f}")
     rounds.close()
     return _metrics(history, ds), timings
@@ -254,6 +253,17 @@ def _metrics(history: list[dict], ds) -> dict:
 
 
 # ------------------------------------------------------------------------------ whole run
+def _warn_if_not_unit_norm(ds) -> None:
+    """One stderr line when the rows are not L2-normalised: the methods then see different data."""
+    norms = torch.linalg.vector_norm(torch.cat([ds.x_train, ds.x_test]).to(torch.float64), dim=1)
+    # 1e-2: rows normalised in float32 and stored as float16 are off by up to ~1e-3.
+    if bool(((norms - 1).abs() > 1e-2).any()):
+        print(f"fedsim: warning: the rows of dataset {ds.name!r} are not unit-norm (norms "
+              f"{float(norms.min()):.3g} to {float(norms.max()):.3g}): GGEUR and FedMC work on the raw vectors "
+              "while the cosine head normalises them (fedsim import L2-normalises by default)",
+              file=sys.stderr)
+
+
 def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True) -> dict:
     """Run every method for every seed; write results.json/.csv, timings.json and plots."""
     from . import report
@@ -272,6 +282,7 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True)
             raise ValueError(f"{out} already holds a run; resume it with --resume {out} or choose "
                              "another --out")
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
+    _warn_if_not_unit_norm(ds)
     if cfg.zero_shot and (cfg.model != "linear" or ds.class_text is None or ds.class_text.shape[1] != ds.dim):
         raise ValueError("config: zero_shot needs model='linear' and a dataset with class_text embeddings "
                          "in the embedding space (fedsim embed --text-model clip)")
@@ -280,7 +291,8 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True)
                                beta=cfg.beta, seed=s, min_size=cfg.min_size) for s in seeds}
     out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        _atomic_json(cfg.to_dict(), out / "config.json")
+        with atomic_write(out / "config.json") as tmp:
+            tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
     results = {"config": cfg.to_dict(), "dataset": ds.summary(), "methods": {}}
     timings = {}
     for spec in cfg.methods:

@@ -1,6 +1,9 @@
 """geomkern: kernel-geometry ops (RBF Grams, batched kernel PCA, basis projection, pre-images,
 class moments, batched eigh and K-Means) with a float64-capable torch reference for each and
 fused native / GPU fast paths. Tensors in, tensors out, same device.
+
+Randomness: every ``generator`` argument (fedmc, ggeur, privacy) takes a torch.Generator, or None
+for a fresh generator seeded secretly from the OS, never the global RNG (``geomkern/_random.py``).
 """
 from ._dispatch import available_backends, get_backend, registered_ops, resolve, set_backend
 from .ops.kmeans import kmeans

@@ -4,15 +4,23 @@ Pipeline (each step is one call; any FL codebase can move the results over its o
 
 1. client  ``client_prototypes``  K-Means prototypes released with differential privacy.
 2. server  ``build_gab``          K-Means over all clients' prototypes -> the shared anonymous
-                                   basis (GAB) B (S, D); ``gab_gamma`` derives the kernel width from
-                                   it (public data: every client and the server use one gamma).
+                                   basis (GAB) B (S, D); ``resolve_gamma`` derives the kernel width
+                                   from it (public data: every client and the server use one gamma).
 3. client  ``local_geometry``     DP K-Means patches, kernel PCA of every patch in one call, and
                                    betas = <v_i, Phi(b_s)> -> a LocalGeometry (LGD batch).
 4. server  ``fuse``               meta-clustering of the uploaded centres into L regions and the
                                    weighted fusion of paper Eq. 7 -> a GeometryDictionary.
-5. client  ``calibrate``          nearest entry, perturbation in kernel-PC coordinates, pre-image.
+5. client  ``prepare``            the dictionary's per-GAB constants (Cholesky factor of the GAB
+                                   Gram, coefficient maps), once per dictionary;
+           ``calibrate``          nearest entry, perturbation in kernel-PC coordinates, pre-image.
 
-Deviations from the paper's formulas (DESIGN.md math notes, all deliberate):
+``setup`` runs steps 1-4 for all clients in one process with the one set of sizing rules (the
+simulator, the benchmarks and the demo all call it). What is exchanged (``GAB``, ``LocalGeometry``,
+``GeometryDictionary``) follows :mod:`geomkern.exchange`: validated on construction,
+to_dict/from_dict, one safetensors format (``save``/``load``). ``generator=None`` follows the
+package rule (:mod:`geomkern._random`): a fresh, secretly seeded generator, never the global RNG.
+
+Deviations from the paper's formulas (docs/design.md math notes, all deliberate):
 * alphas are normalised (u / sqrt(mu)), so betas are exact inner products <v_i, Phi(b_s)>;
 * the perturbation uses the feature-space variance lambda = mu / n (``formulation="paper"`` uses
   the Gram eigenvalue mu, as printed);
@@ -23,18 +31,17 @@ Deviations from the paper's formulas (DESIGN.md math notes, all deliberate):
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import torch
 
-from . import _validate, privacy
+from . import _random, _validate, privacy
+from .exchange import Exchanged, read
 from .ops.kmeans import kmeans
 from .ops.kpca import kpca, project_onto_basis
-from .ops.preimage import preimage, preimage_loss
+from .ops.preimage import fixed_point_factor, preimage
 from .ops.rbf import _sqdist, median_gamma, rbf_gram
 
 FORMULATIONS = ("consistent", "paper")
@@ -42,7 +49,11 @@ PREIMAGE_METHODS = ("coordinates", "gd", "fixed_point")
 # Chosen by benchmarks/fidelity.py (README: manifold fidelity): the pre-image method whose samples
 # stayed closest to the manifold at matched displacement.
 DEFAULT_METHOD = "fixed_point"
-FORMAT_VERSION = 1
+# rho of (G + rho I)^-1, relative to G's unit diagonal: the coefficient maps and the fixed-point solve
+DEFAULT_RIDGE = 1e-3
+# the cap on d for n_components="auto" (local_geometry and setup's patch sizing)
+MAX_COMPONENTS = 16
+_FORMAT = "geomkern.fedmc"
 
 
 class Prototypes(NamedTuple):
@@ -55,7 +66,7 @@ class Prototypes(NamedTuple):
 
 
 def client_prototypes(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float,
-                      generator: torch.Generator | None = None, iters: int = 5) -> Prototypes:
+                      generator: torch.Generator | None, iters: int = 5) -> Prototypes:
     """K-Means prototypes of a client's embeddings X (n, D), released through noisy Lloyd steps.
 
     ``epsilon=math.inf`` releases them without noise. The returned epsilon is what the
@@ -101,15 +112,45 @@ def resolve_gamma(gamma, B: torch.Tensor) -> float:
     return _validate.gamma(gamma)
 
 
-gab_gamma = median_gamma  # the public-data bandwidth: gab_gamma(B)
+@dataclass(eq=False)
+class GAB(Exchanged):
+    """The shared anonymous basis as an exchanged container: basis (S, D). ``build_gab`` returns
+    the plain tensor B; ``GAB(B)`` is what goes over the wire (``save``/``to_dict``)."""
+
+    basis: torch.Tensor
+
+    _FORMAT = _FORMAT
+    _KIND = "gab"
+    _TENSORS = ("basis",)
+
+    def _check(self):
+        self.basis = _validate.tensor("GAB.basis", self.basis, ndim=2)
 
 
-@dataclass
-class LocalGeometry:
+def _check_entries(obj, rows: str, sizes: str) -> None:
+    """Shared by LocalGeometry and GeometryDictionary: m entries of rows (m, D), sizes (m,),
+    eigenvalues and variances (m, d), betas (m, d, S), one float dtype and device, finite; gamma > 0."""
+    name = type(obj).__name__
+    t = {k: _validate.tensor(f"{name}.{k}", getattr(obj, k), ndim=nd)
+         for k, nd in ((rows, 2), (sizes, 1), ("eigenvalues", 2), ("variances", 2), ("betas", 3))}
+    _validate.same_device_dtype(**{f"{name}.{k}": v for k, v in t.items()})
+    m, (d, S) = t[rows].shape[0], t["betas"].shape[1:]
+    for k, shape in ((sizes, (m,)), ("eigenvalues", (m, d)), ("variances", (m, d)), ("betas", (m, d, S))):
+        if tuple(t[k].shape) != shape:
+            raise ValueError(f"{name}.{k} has shape {tuple(t[k].shape)}, expected {shape} ({m} entries in "
+                             f"{rows}, d={d} components and S={S} basis points in betas)")
+    for k, v in t.items():
+        setattr(obj, k, v)
+    obj.gamma = _validate.gamma(obj.gamma)
+
+
+@dataclass(eq=False)
+class LocalGeometry(Exchanged):
     """A client's local geometry descriptors (one per patch j = 1..m), what it uploads.
 
     centers (m, D): DP patch centres; counts (m,): their (noisy) sizes; eigenvalues (m, d):
-    centred-Gram eigenvalues mu; variances (m, d): mu / n; betas (m, d, S): <v_i, Phi(b_s)>.
+    centred-Gram eigenvalues mu; variances (m, d): mu / n; betas (m, d, S): <v_i, Phi(b_s)>;
+    epsilon, delta: what the centres' DP release spent.
     """
 
     centers: torch.Tensor
@@ -121,14 +162,23 @@ class LocalGeometry:
     epsilon: float = math.inf
     delta: float = 0.0
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in _tensors(self).values())
+    _FORMAT = _FORMAT
+    _KIND = "local_geometry"
+    _TENSORS = ("centers", "counts", "eigenvalues", "variances", "betas")
+    _SCALARS = ("gamma", "epsilon", "delta")
+
+    def _check(self):
+        _check_entries(self, "centers", "counts")
+        if not float(self.epsilon) > 0 or not 0 <= float(self.delta) < 1:
+            raise ValueError(f"LocalGeometry: epsilon must be > 0 (inf: no noise) and delta in [0, 1), "
+                             f"got {self.epsilon}, {self.delta}")
+        self.epsilon, self.delta = float(self.epsilon), float(self.delta)
 
 
 def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_components: int | str,
                    gamma: float, epsilon: float = math.inf, delta: float = 1e-5,
-                   clip_norm: float = 1.0, generator: torch.Generator | None = None,
-                   explained: float = 0.9, max_components: int = 16, iters: int = 5) -> LocalGeometry:
+                   clip_norm: float = 1.0, generator: torch.Generator | None,
+                   explained: float = 0.9, max_components: int = MAX_COMPONENTS, iters: int = 5) -> LocalGeometry:
     """Client: DP K-Means patches, kernel PCA of every patch in one call, betas by projection.
 
     X (n, D) the client's embeddings; B (S, D) the GAB. ``n_components`` is an int, or "auto":
@@ -186,8 +236,8 @@ def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_compo
                          epsilon=float(res.epsilon), delta=float(res.delta))
 
 
-@dataclass
-class GeometryDictionary:
+@dataclass(eq=False)
+class GeometryDictionary(Exchanged):
     """The server's fused geometry: L entries with prototypes (L, D), weights (L,) (summed patch
     counts), eigenvalues (L, d), variances (L, d) and betas (L, d, S)."""
 
@@ -198,8 +248,13 @@ class GeometryDictionary:
     betas: torch.Tensor
     gamma: float
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in _tensors(self).values())
+    _FORMAT = _FORMAT
+    _KIND = "geometry_dictionary"
+    _TENSORS = ("prototypes", "weights", "eigenvalues", "variances", "betas")
+    _SCALARS = ("gamma",)
+
+    def _check(self):
+        _check_entries(self, "prototypes", "weights")
 
 
 def fuse(lgds: Sequence[LocalGeometry], *, n_entries: int, seed: int = 0) -> GeometryDictionary:
@@ -272,12 +327,70 @@ def nearest_entry(X: torch.Tensor, dictionary: GeometryDictionary) -> torch.Tens
     return _sqdist(X, dictionary.prototypes).argmin(1)
 
 
-def calibrate(X: torch.Tensor, dictionary: GeometryDictionary, B: torch.Tensor, *,
-              gamma: float | None = None, formulation: str = "consistent",
-              method: str = DEFAULT_METHOD, scale: float = 1.0, n_per_sample: int = 1,
-              steps: int | None = None, ridge: float = 1e-3, anchored: bool = True,
-              generator: torch.Generator | None = None, return_loss: bool = False):
-    """Client: calibrated samples around each row of X (b, D), ``n_per_sample`` each.
+@dataclass(eq=False)
+class PreparedDictionary:
+    """A GeometryDictionary with its GAB and the constants ``calibrate`` needs for it, computed once
+    by :func:`prepare` (they only change when the dictionary or the GAB does).
+
+    factor (S, S): float64 Cholesky factor of G + ridge I, G = K(B, B), for the fixed-point solve.
+    coefficients (L, d, S): the rows a_i = (G + ridge I)^-1 beta_i of each entry's map A_l.
+    captured (L, d): a_i^T beta_i, the share of v_i the GAB span represents (clamped to [0, 1]).
+    paper_directions (L, d, S): betas G, the targets' directions under ``formulation="paper"``.
+    """
+
+    dictionary: GeometryDictionary
+    basis: torch.Tensor
+    ridge: float
+    factor: torch.Tensor
+    coefficients: torch.Tensor
+    captured: torch.Tensor
+    paper_directions: torch.Tensor
+
+    @property
+    def gamma(self) -> float:
+        return self.dictionary.gamma
+
+
+def prepare(dictionary: GeometryDictionary, B: torch.Tensor, *, ridge: float = DEFAULT_RIDGE) -> PreparedDictionary:
+    """The per-dictionary constants of :func:`calibrate` (see :class:`PreparedDictionary`), once.
+
+    ``ridge`` is rho relative to G's unit diagonal, used by the coefficient maps and by the
+    fixed-point pre-image alike.
+    """
+    if not isinstance(dictionary, GeometryDictionary):
+        raise TypeError(f"dictionary must be a GeometryDictionary (from fedmc.fuse or fedmc.load), "
+                        f"got {type(dictionary).__name__}")
+    B = _validate.tensor("B", B, ndim=2)
+    _validate.same_device_dtype(B=B, prototypes=dictionary.prototypes)
+    _validate.same_dim("B", B, "dictionary.prototypes", dictionary.prototypes)
+    if dictionary.betas.shape[2] != B.shape[0]:
+        raise ValueError(f"dictionary has betas for S={dictionary.betas.shape[2]} basis points but B "
+                         f"has {B.shape[0]}; use the GAB the dictionary was built with")
+    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not (math.isfinite(ridge) and ridge > 0):
+        raise ValueError(f"ridge must be a finite number > 0, got {ridge!r}")
+    g = dictionary.gamma
+    # One factorisation of G + ridge I (float64, like the fixed-point solve that reuses it) gives the
+    # coefficient maps a_i = (G + ridge I)^-1 beta_i too.
+    factor = fixed_point_factor(B, g, ridge)
+    betas = dictionary.betas.double()
+    L, d, S = betas.shape
+    coef = torch.cholesky_solve(betas.reshape(L * d, S).T, factor).T.reshape(L, d, S)
+    captured = (coef * betas).sum(-1).clamp(0.0, 1.0)
+    dtype = dictionary.betas.dtype
+    return PreparedDictionary(dictionary=dictionary, basis=B, ridge=float(ridge), factor=factor,
+                              coefficients=coef.to(dtype).contiguous(), captured=captured.to(dtype),
+                              paper_directions=dictionary.betas @ rbf_gram(B, gamma=g))
+
+
+def calibrate(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *,
+              formulation: str = "consistent", method: str = DEFAULT_METHOD, scale: float = 1.0,
+              steps: int | None = None, ridge: float | None = None, anchored: bool = True,
+              generator: torch.Generator | None, return_loss: bool = False):
+    """Client: one calibrated sample around each row of X (b, D) (repeat rows for more).
+
+    ``dictionary`` is a :class:`PreparedDictionary` (from :func:`prepare`: the per-dictionary
+    constants computed once; B may then be omitted), or a GeometryDictionary with its GAB B,
+    prepared on the fly with ``ridge`` (default DEFAULT_RIDGE). The kernel is the dictionary's.
 
     For x in entry l (nearest prototype): draw eps ~ N(0, I_d), perturb the d kernel-PC
     coordinates by dp_i = scale * eps_i * sqrt(lambda_li) and find z by pre-image from z0 = x.
@@ -290,69 +403,74 @@ def calibrate(X: torch.Tensor, dictionary: GeometryDictionary, B: torch.Tensor, 
     formulation="paper": lambda = Gram eigenvalue mu, targets T = k(x, B) + dp betas_l G (betas
     as expansion coefficients, Eq. 10-13), solved by "gd" (Eq. 14) or "fixed_point".
     method defaults to DEFAULT_METHOD, the one that measured best in benchmarks/fidelity.py.
-    ``scale`` multiplies the perturbation standard deviation. ``ridge`` is rho relative to G's
-    unit diagonal. ``anchored=True`` (default) returns x + z(T) - z(T0) instead of z(T), with T0
+    ``scale`` multiplies the perturbation standard deviation. ``anchored=True`` (default) returns
+    x + z(T) - z(T0) instead of z(T), with T0
     the unperturbed target solved from the same start: the pre-image's reconstruction error (the
     fixed-point iteration lands in the span of B: on MiniLM embeddings |z(T0) - x| was 0.79 for
     unit-norm x, whatever the scale) cancels and only the perturbation moves the sample (measured
     in benchmarks/fedmc_defaults.py; gd and coordinates already have z(T0) = x). The loss
-    returned is that of the solve for T. Returns (b * n_per_sample, D) rows in the order of X
-    repeated, and the per-sample pre-image loss when ``return_loss``.
+    returned is that of the solve for T. ``generator``: eps is drawn on its device (None: a
+    fresh, secretly seeded one on X's device). Returns (b, D) rows on X's device, and the
+    per-sample pre-image loss when ``return_loss``.
     """
+    if isinstance(dictionary, PreparedDictionary):
+        prep = dictionary
+        if B is not None and B is not prep.basis and not (B.shape == prep.basis.shape and torch.equal(B, prep.basis)):
+            raise ValueError("B differs from the GAB the dictionary was prepared with; omit B or "
+                             "prepare the dictionary with this one")
+        if ridge is not None and ridge != prep.ridge:
+            raise ValueError(f"ridge={ridge} differs from the prepared dictionary's {prep.ridge}; "
+                             "prepare it again with this ridge")
+    else:
+        if B is None:
+            raise ValueError("calibrate needs the GAB B with a GeometryDictionary (or pass "
+                             "fedmc.prepare(dictionary, B))")
+        prep = prepare(dictionary, B, ridge=DEFAULT_RIDGE if ridge is None else ridge)
+    D_, B = prep.dictionary, prep.basis
     X = _validate.tensor("X", X, ndim=2)
-    B = _validate.tensor("B", B, ndim=2)
-    _validate.same_device_dtype(X=X, B=B, prototypes=dictionary.prototypes)
+    _validate.same_device_dtype(X=X, B=B)
     _validate.same_dim("X", X, "B", B)
-    if dictionary.betas.shape[2] != B.shape[0]:
-        raise ValueError(f"dictionary has betas for S={dictionary.betas.shape[2]} basis points but B "
-                         f"has {B.shape[0]}; use the GAB the dictionary was built with")
     formulation = _validate.choice("formulation", formulation, FORMULATIONS)
     method = _validate.choice("method", method, PREIMAGE_METHODS)
     if formulation == "paper" and method == "coordinates":
         raise ValueError("formulation='paper' defines kernel-value targets (Eq. 10-13): use "
                          "method='gd' (Eq. 14) or 'fixed_point'")
-    g = dictionary.gamma if gamma is None else _validate.gamma(gamma)
-    if g != dictionary.gamma:
-        raise ValueError(f"gamma={g} differs from the dictionary's {dictionary.gamma}; the betas are "
-                         "only meaningful under the kernel they were computed with")
+    g = prep.gamma
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
         raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
-    reps = _validate.positive_int("n_per_sample", n_per_sample)
     if steps is None:
         # LM: 10 and 20 steps met the same targets; fixed point: the fidelity benchmark gave the
         # same ratios at 10, 20 and 100 steps; gd (the paper's) converges slowly: 100
         steps = 100 if method == "gd" else 10
-    entry = nearest_entry(X, dictionary).repeat_interleave(reps)
-    x = X.repeat_interleave(reps, dim=0)
-    eps = torch.randn(x.shape[0], dictionary.variances.shape[1], generator=generator, dtype=X.dtype,
-                      device="cpu" if generator is None else generator.device).to(X.device)
+    gen = _random.resolve(generator, X.device)
+    entry = nearest_entry(X, D_)
+    x = X
+    eps = torch.randn(x.shape[0], D_.variances.shape[1], generator=gen, dtype=X.dtype,
+                      device=gen.device).to(X.device)
     kx = rbf_gram(x, B, gamma=g)  # (b, S)
-    betas = dictionary.betas[entry]  # (b, d, S)
-    G = rbf_gram(B, gamma=g)
     if formulation == "consistent":
-        Greg = G.clone()
-        Greg.diagonal().add_(ridge)
-        coef = torch.linalg.solve(Greg, dictionary.betas.transpose(1, 2)).transpose(1, 2)  # (L, d, S)
         # Only the part of v_i inside span Phi(B) moves p_i(z) ~ k(z, B) a_i; its squared norm is
         # a_i^T beta_i (<= 1). Perturbing by the full sqrt(lambda) asks for coordinate changes the
         # GAB cannot express (on MiniLM embeddings almost no such target was reachable), so the
         # standard deviation is that of the representable part: sqrt(lambda * a_i^T beta_i).
-        captured = (coef * dictionary.betas).sum(-1).clamp(0.0, 1.0)  # (L, d)
-        dp = scale * eps * (dictionary.variances * captured)[entry].clamp_min(0).sqrt()
+        dp = scale * eps * (D_.variances * prep.captured)[entry].clamp_min(0).sqrt()
         if method == "coordinates":
-            A = coef[entry]
+            A = prep.coefficients[entry]
             c = torch.bmm(A, kx.unsqueeze(-1)).squeeze(-1) + dp  # P(x) exactly as the solver computes it
             return preimage(x, B, c, gamma=g, method="coordinates", steps=steps, proj=A,
                             return_loss=return_loss)  # LM's z(T0) is x: nothing to anchor
-        T = kx + (dp.unsqueeze(-1) * betas).sum(1)
+        T = kx + (dp.unsqueeze(-1) * D_.betas[entry]).sum(1)
     else:
-        dp = scale * eps * dictionary.eigenvalues[entry].clamp_min(0).sqrt()  # Gram eigenvalue, as printed
-        T = kx + (dp.unsqueeze(-1) * (betas @ G)).sum(1)
+        dp = scale * eps * D_.eigenvalues[entry].clamp_min(0).sqrt()  # Gram eigenvalue, as printed
+        T = kx + (dp.unsqueeze(-1) * prep.paper_directions[entry]).sum(1)
+    solve = dict(gamma=g, method=method, steps=steps, return_loss=return_loss)
+    if method == "fixed_point":
+        solve["factor"] = prep.factor
     # Only the fixed-point iteration moves away from an already-met target: gd's z(T0) is x (zero
     # gradient), so anchoring it would only double the work.
     if not (anchored and method == "fixed_point"):
-        return preimage(x, B, T, gamma=g, method=method, steps=steps, return_loss=return_loss)
-    return _anchored(x, B, T, kx, gamma=g, method=method, steps=steps, return_loss=return_loss)
+        return preimage(x, B, T, **solve)
+    return _anchored(x, B, T, kx, **solve)
 
 
 def _anchored(x, B, T, T0, *, return_loss: bool, **kw):
@@ -364,96 +482,90 @@ def _anchored(x, B, T, T0, *, return_loss: bool, **kw):
     return (out, loss[:b]) if return_loss else out
 
 
-# ---------------------------------------------------------------- serialisation (safetensors + JSON)
+# ---------------------------------------------------------------- the whole set-up, simulated
 
-_KINDS = {"gab": None, "local_geometry": LocalGeometry, "geometry_dictionary": GeometryDictionary}
+@dataclass(eq=False)
+class Setup:
+    """What :func:`setup` returns: the GAB ``basis`` (S, D) and ``gamma``, every client's released
+    ``prototypes`` and uploaded ``lgds``, the fused ``dictionary``, and per client the
+    ``epsilon`` its two DP releases spent together (``privacy.compose_epsilon``, at ``delta``)."""
+
+    basis: torch.Tensor
+    gamma: float
+    prototypes: list
+    lgds: list
+    dictionary: GeometryDictionary
+    epsilon: list
+    delta: float
 
 
-def _tensors(obj) -> dict[str, torch.Tensor]:
-    return {f.name: getattr(obj, f.name) for f in fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)}
+def setup(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generator | None],
+          n_prototypes: int, n_base: int, n_clusters: int, n_components: int | str, n_entries: int,
+          gamma="median", epsilon: float = math.inf, delta: float = 1e-5, clip_norm: float = 1.0,
+          explained: float = 0.9, max_components: int = MAX_COMPONENTS, iters: int = 5,
+          seed: int = 0) -> Setup:
+    """Steps 1-4 for every client and the server, in one process: the one FedMC set-up recipe.
+
+    clients: each client's embeddings (n_k, D), on any one device (results stay there);
+    generators: one per client, driving its two DP releases in turn (None: secret seeds).
+    Sizing rules (so small clients and small federations still work):
+    * client k releases min(n_prototypes, n_k) prototypes;
+    * the GAB has min(n_base, all prototypes) points (``build_gab`` with ``seed``); gamma is
+      resolved on it ("median", "1/D" or a number: public, one for everybody);
+    * client k cuts max(1, min(n_clusters, n_k // (2 d))) patches, d = n_components (or
+      max_components for "auto"): d kernel PCs need patches of more than d points;
+    * the dictionary has min(n_entries, all patches) entries (``fuse`` with ``seed``).
+    """
+    if not isinstance(clients, (list, tuple)) or not clients:
+        raise ValueError("clients must be a non-empty list of (n_k, D) tensors")
+    if not isinstance(generators, (list, tuple)) or len(generators) != len(clients):
+        raise ValueError(f"generators must be a list with one entry per client ({len(clients)}), "
+                         f"got {generators!r}")
+    d = max_components if n_components == "auto" else _validate.positive_int("n_components", n_components)
+    protos = [client_prototypes(x, min(n_prototypes, x.shape[0]), epsilon=epsilon, delta=delta,
+                                clip_norm=clip_norm, generator=g, iters=iters)
+              for x, g in zip(clients, generators)]
+    B = build_gab(protos, min(n_base, sum(p.centers.shape[0] for p in protos)), seed=seed)
+    g = resolve_gamma(gamma, B)
+    lgds = [local_geometry(x, B, n_clusters=max(1, min(n_clusters, x.shape[0] // (2 * d))),
+                           n_components=n_components, gamma=g, epsilon=epsilon, delta=delta,
+                           clip_norm=clip_norm, generator=gen, explained=explained,
+                           max_components=max_components, iters=iters)
+            for x, gen in zip(clients, generators)]
+    dictionary = fuse(lgds, n_entries=min(n_entries, sum(l.centers.shape[0] for l in lgds)), seed=seed)
+    # both releases of a client use the same (epsilon, delta, iters), hence the same multiplier
+    z = privacy.noise_multiplier(epsilon, delta, releases=iters, sensitivity=privacy.SUM_COUNT_SENSITIVITY)
+    total = privacy.compose_epsilon([(z, iters), (z, iters)], delta)
+    return Setup(basis=B, gamma=g, prototypes=protos, lgds=lgds, dictionary=dictionary,
+                 epsilon=[total] * len(clients), delta=delta)
+
+
+# ---------------------------------------------------------------- serialisation (geomkern.exchange)
+
+_KINDS = {c._KIND: c for c in (GAB, LocalGeometry, GeometryDictionary)}
 
 
 def save(obj, path) -> None:
-    """Write a GAB tensor, LocalGeometry or GeometryDictionary to ``path`` (safetensors; the
-    scalars go in its JSON metadata). Never pickle: the file holds only tensors and JSON."""
-    from safetensors.torch import save_file
-
+    """Write a GAB (or the plain (S, D) tensor), LocalGeometry or GeometryDictionary to ``path``:
+    ``obj.save(path)`` of the exchange convention (safetensors + JSON metadata, never pickle)."""
     if isinstance(obj, torch.Tensor):
-        kind, tensors, scalars = "gab", {"basis": obj}, {}
-    else:
-        kind = next((k for k, cls in _KINDS.items() if cls is not None and isinstance(obj, cls)), None)
-        if kind is None:
-            raise TypeError(f"cannot save {type(obj).__name__}; expected a GAB tensor, LocalGeometry "
-                            "or GeometryDictionary")
-        tensors = _tensors(obj)
-        scalars = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name not in tensors}
-    meta = {"format": "geomkern.fedmc", "version": str(FORMAT_VERSION), "kind": kind,
-            "scalars": json.dumps({k: (v if math.isfinite(v) else str(v)) for k, v in scalars.items()})}
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(path), metadata=meta)
+        obj = GAB(obj)
+    if not isinstance(obj, tuple(_KINDS.values())):
+        raise TypeError(f"cannot save {type(obj).__name__}; expected a GAB tensor, LocalGeometry "
+                        "or GeometryDictionary")
+    obj.save(path)
 
 
 def load(path, *, kind: str | None = None, device: str | torch.device = "cpu"):
-    """Read a file written by :func:`save`, validating kind, keys, shapes, dtypes and finiteness.
+    """Read a file written by :func:`save` (any of the three kinds; ``kind`` insists on one),
+    validated like a construction. A GAB comes back as the plain (S, D) tensor.
 
     Raises ValueError naming the problem for a malformed, corrupted or mismatched file.
     """
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as exc:  # safetensors raises several types for a bad header or truncation
-        raise ValueError(f"{path} is not a readable safetensors file ({exc})") from None
-    if meta.get("format") != "geomkern.fedmc":
-        raise ValueError(f"{path} is not a geomkern.fedmc file (metadata format={meta.get('format')!r})")
-    if meta.get("version") != str(FORMAT_VERSION):
-        raise ValueError(f"{path} has format version {meta.get('version')}, this geomkern reads {FORMAT_VERSION}")
-    found = meta.get("kind")
+    found, fields = read(path, _FORMAT)
     if found not in _KINDS:
         raise ValueError(f"{path} has unknown kind {found!r}")
     if kind is not None and found != kind:
         raise ValueError(f"{path} holds a {found}, expected a {kind}")
-    for name, t in tensors.items():
-        if t.dtype not in _validate.FLOAT_DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {t.dtype}, expected float32/float64")
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{path}: tensor {name!r} contains NaN/Inf")
-    if found == "gab":
-        if set(tensors) != {"basis"} or tensors["basis"].dim() != 2:
-            raise ValueError(f"{path}: a GAB file holds exactly one (S, D) tensor 'basis'")
-        return tensors["basis"].to(device)
-    cls = _KINDS[found]
-    try:
-        scalars = {k: float(v) for k, v in json.loads(meta.get("scalars", "{}")).items()}
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: malformed scalar metadata ({exc})") from None
-    want = [f.name for f in fields(cls)]
-    have = set(tensors) | set(scalars)
-    if set(want) - have or have - set(want):
-        raise ValueError(f"{path}: fields {sorted(have)} do not match {cls.__name__} {sorted(want)}")
-    obj = cls(**{k: (tensors[k].to(device) if k in tensors else scalars[k]) for k in want})
-    _check_shapes(obj, path)
-    return obj
-
-
-def _check_shapes(obj, path) -> None:
-    first = obj.centers if isinstance(obj, LocalGeometry) else obj.prototypes
-    m, D = first.shape if first.dim() == 2 else (None, None)
-    if m is None or obj.betas.dim() != 3:
-        raise ValueError(f"{path}: centres/prototypes must be (m, D) and betas (m, d, S)")
-    d = obj.betas.shape[1]
-    counts = obj.counts if isinstance(obj, LocalGeometry) else obj.weights
-    expect = {"counts/weights": (counts, (m,)), "eigenvalues": (obj.eigenvalues, (m, d)),
-              "variances": (obj.variances, (m, d)), "betas": (obj.betas, (m, d, obj.betas.shape[2]))}
-    for name, (t, shape) in expect.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{path}: {name} has shape {tuple(t.shape)}, expected {shape}")
-    dtypes = {t.dtype for t in _tensors(obj).values()}
-    if len(dtypes) != 1:
-        raise ValueError(f"{path}: tensors mix dtypes {sorted(map(str, dtypes))}")
-    if not obj.gamma > 0:
-        raise ValueError(f"{path}: gamma must be > 0, got {obj.gamma}")
+    obj = _KINDS[found]._build(path, fields, device)
+    return obj.basis if isinstance(obj, GAB) else obj

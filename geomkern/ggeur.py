@@ -17,6 +17,10 @@ the default: x' - x ~ N(0, Sigma), which is what the official code draws through
 ``np.random.multivariate_normal``) or s_m = lambda_m (``noise="paper"``, the formula as the paper
 prints it; it uses a variance as a standard deviation, so its scale depends on the units of X).
 
+Containers follow :mod:`geomkern.exchange` (validated on construction, to_dict/from_dict,
+save/load); ``generator=None`` follows the package rule (:mod:`geomkern._random`: a fresh, secretly
+seeded generator, never the global RNG).
+
 Speed: the official code eigendecomposes (and Cholesky-factors) the class covariance again for
 every sample; here it is one batched eigh per round on the server, and sampling is one GEMM per
 class, (n_new, k) standard normals times (k, D) = diag(s) Xi^T.
@@ -27,21 +31,18 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _validate
+from . import _random, _validate
+from .exchange import Exchanged
 from .ops.eigh import eigh
 from .ops.moments import class_moments, pool_moments
 
 NOISE_MODES = ("sqrt", "paper")
 
 
-def _nbytes(*tensors: torch.Tensor) -> int:
-    return sum(t.element_size() * t.numel() for t in tensors)
+class _PerClassTensors(Exchanged):
+    """Shared by the two exchanged containers (:mod:`geomkern.exchange`): one row per class."""
 
-
-class _PerClassTensors:
-    """Shared by the two exchanged containers: tensors named in ``_KEYS``, one row per class."""
-
-    _KEYS: tuple[str, ...] = ()
+    _FORMAT = "geomkern.ggeur"
 
     @property
     def n_classes(self) -> int:
@@ -50,26 +51,6 @@ class _PerClassTensors:
     @property
     def dim(self) -> int:
         return self.means.shape[1]
-
-    def nbytes(self) -> int:
-        """Size in bytes of the tensors as stored (dense: covariances are not packed)."""
-        return _nbytes(*(getattr(self, k) for k in self._KEYS))
-
-    def to_dict(self) -> dict[str, torch.Tensor]:
-        """Plain tensors, e.g. for ``safetensors.torch.save(obj.to_dict())``."""
-        return {k: getattr(self, k) for k in self._KEYS}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, torch.Tensor]):
-        keys = cls._KEYS
-        if not isinstance(d, dict):
-            raise TypeError(f"{cls.__name__}.from_dict expects a dict of tensors, got {type(d).__name__}")
-        missing = [k for k in keys if k not in d]
-        extra = [k for k in d if k not in keys]
-        if missing or extra:
-            raise ValueError(f"{cls.__name__}.from_dict needs exactly the keys {keys}; "
-                             f"missing {missing}, unexpected {extra}")
-        return cls(**{k: d[k] for k in keys})
 
 
 @dataclass(eq=False)
@@ -82,9 +63,10 @@ class ClassStatistics(_PerClassTensors):
     means: torch.Tensor
     covs: torch.Tensor
 
-    _KEYS = ("counts", "means", "covs")
+    _KIND = "class_statistics"
+    _TENSORS = ("counts", "means", "covs")
 
-    def __post_init__(self):
+    def _check(self):
         self.counts, self.means, self.covs = _check_statistics("statistics", self)
 
 
@@ -101,9 +83,10 @@ class GlobalGeometry(_PerClassTensors):
     eigenvalues: torch.Tensor
     eigenvectors: torch.Tensor
 
-    _KEYS = ("counts", "means", "eigenvalues", "eigenvectors")
+    _KIND = "global_geometry"
+    _TENSORS = ("counts", "means", "eigenvalues", "eigenvectors")
 
-    def __post_init__(self):
+    def _check(self):
         self.counts, self.means, self.eigenvalues, self.eigenvectors = _check_geometry("geometry", self)
 
     def covariances(self) -> torch.Tensor:
@@ -248,12 +231,7 @@ def prototypes(stats_list, *, exclude: int | None = None):
 
 
 def _check_generator(generator, device: torch.device) -> torch.Generator:
-    if generator is None:
-        g = torch.Generator(device=device)
-        g.seed()  # a fresh generator's default seed is a constant; None means "not reproducible"
-        return g
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    generator = _random.resolve(generator, device)
     if generator.device.type != device.type:
         raise ValueError(f"generator is on {generator.device} but X is on {device}; "
                          f"use torch.Generator(device={str(device)!r})")
@@ -327,7 +305,7 @@ def augment(X: torch.Tensor, y: torch.Tensor, geometry: GlobalGeometry, *,
         than n_c are needed, the first ones in X order are used: shuffle X for a random
         choice). Classes with no local sample get none (use ``augment_prototypes`` for those).
     generator: required keyword; a torch.Generator on X's device makes the draw reproducible,
-      None draws from a fresh, randomly seeded generator (not reproducible).
+      None draws from a fresh, secretly seeded generator on X's device (geomkern._random).
     noise: "sqrt" (s = sqrt(lambda): x' - x ~ N(0, Sigma_c), as the official code samples) or
       "paper" (s = lambda, as the paper's equation prints it).
     n_components: use only the top n_components eigenpairs of each class (default: all).

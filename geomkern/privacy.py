@@ -2,9 +2,8 @@
 per-cluster sums and counts, accounted with a maintained accountant (``dp-accounting``).
 
 What is protected
-    The values *released by this module* — the centres and noisy counts of :func:`dp_lloyd` and
-    the means and noisy counts of :func:`noisy_means` — are (epsilon, delta)-differentially
-    private for one client's data set under add/remove-one-record adjacency, where one record is
+    The values *released by this module* — the centres and noisy counts of :func:`dp_lloyd` —
+    are (epsilon, delta)-differentially private for one client's data set under add/remove-one-record adjacency, where one record is
     one embedding (one row of ``X``). The reported epsilon is what the accountant says was spent
     for all the releases of that call, at the given delta. Repeated calls on the same data
     compose: a caller that releases several things (e.g. FedMC prototypes and then LGD centres)
@@ -22,8 +21,9 @@ What is NOT protected
       is not a hardened DP sampler (floating-point attacks on textbook samplers: Mironov 2012,
       Jin et al. 2022), and sums are accumulated in floating point. The noise is only secret if the
       ``torch.Generator`` seed is: anyone who knows the seed can subtract the noise. Pass
-      ``generator=None`` (a seed drawn from the OS's cryptographic source) in any real
-      deployment, never a generator seeded from a shared experiment seed.
+      ``generator=None`` (a seed drawn from the OS's cryptographic source: the package-wide
+      meaning of None, :mod:`geomkern._random`) in any real deployment, never a generator seeded
+      from a shared experiment seed.
 
 Accountant
     The PLD accountant (``dp_accounting.pld.PLDAccountant``, add/remove-one adjacency). An
@@ -41,18 +41,17 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import secrets
 from dataclasses import dataclass
 
 import dp_accounting
 import torch
 from dp_accounting.pld import PLDAccountant
 
-from . import _validate
+from . import _random, _validate
 from .ops.rbf import _sqdist
 
 __all__ = ["DPClusters", "clip_rows", "compose_epsilon", "dp_lloyd", "epsilon_spent",
-           "gaussian_mechanism", "noise_multiplier", "noisy_means"]
+           "gaussian_mechanism", "noise_multiplier"]
 
 # Privacy-loss discretisation of the PLD accountant. Tests recompute epsilon with this value.
 PLD_DISCRETIZATION = 1e-3
@@ -102,15 +101,10 @@ def _positive_finite(name: str, v) -> float:
 
 
 def _generator(g) -> torch.Generator:
-    # None: a CPU generator seeded from the OS's cryptographic source, i.e. a secret seed (the
-    # deployment setting; results are then not reproducible). Pass a seeded one for experiments.
-    if g is None:
-        return torch.Generator().manual_seed(secrets.randbits(63))
-    if not isinstance(g, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(g).__name__}; "
-                        "the noise is only private if its seed is secret (None draws one from "
-                        "the OS)")
-    return g
+    # None: a CPU generator with a secret seed from the OS (the package rule, geomkern._random;
+    # the deployment setting). Noise is drawn on the generator's device, so CPU keeps one seed's
+    # noise the same whatever device the data is on.
+    return _random.resolve(g, "cpu")
 
 
 # --------------------------------------------------------------------------- accounting
@@ -244,10 +238,8 @@ def gaussian_mechanism(values: torch.Tensor, *, sensitivity: float, noise_multip
     z = _real("noise_multiplier", noise_multiplier)
     if not (math.isfinite(z) and z >= 0):
         raise ValueError(f"noise_multiplier must be a finite number >= 0, got {z}")
-    return _add_noise(values, z * sensitivity, _generator(generator))
-
-
-def _add_noise(values: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
+    generator = _generator(generator)
+    sigma = z * sensitivity
     if sigma == 0.0:
         return values.clone()
     noise = torch.randn(values.shape, generator=generator, device=generator.device,
@@ -263,7 +255,8 @@ def _release_means(Xc: torch.Tensor, labels: torch.Tensor, k: int, clip_norm: fl
     stats = Xc.new_zeros(k, D + 1)
     stats[:, :D].index_add_(0, labels, Xc).div_(clip_norm)
     stats[:, D] = torch.bincount(labels, minlength=k).to(Xc.dtype)
-    noisy = _add_noise(stats, z * SUM_COUNT_SENSITIVITY, generator)
+    noisy = gaussian_mechanism(stats, sensitivity=SUM_COUNT_SENSITIVITY, noise_multiplier=z,
+                               generator=generator)
     counts = noisy[:, D].clone()
     means = noisy[:, :D] * (clip_norm / counts.clamp_min(1.0).unsqueeze(1))
     return _clip(means, clip_norm), counts
@@ -379,7 +372,7 @@ def dp_lloyd(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm
     # noise on a sum has norm ~ z sqrt(2) clip_norm sqrt(D)): it carries no information, so it is
     # better used to split a crowded cluster (and an empty one, count < 1, without noise).
     starved = max(1.0, z * SUM_COUNT_SENSITIVITY * math.sqrt(D))
-    Xc = _clip(X, clip_norm)
+    Xc = clip_rows(X, clip_norm)
     for it in range(iters):
         if it > 0:
             centers = _split_starved(centers, counts, starved, clip_norm, generator)
@@ -388,26 +381,3 @@ def dp_lloyd(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm
                       epsilon=epsilon_spent(z, delta, releases=iters), delta=delta,
                       noise_multiplier=z, labels=_nearest(Xc, centers))
 
-
-def noisy_means(X: torch.Tensor, labels: torch.Tensor, k: int, *, epsilon: float, delta: float,
-                clip_norm: float, generator: torch.Generator | None):
-    """Per-group means of X's clipped rows for a partition ``labels``, in ONE Gaussian release of
-    per-group sums and counts (L2 sensitivity sqrt(2) after scaling sums by 1/clip_norm).
-
-    X: (N, D); labels: (N,) integer in [0, k). The caller guarantees that each row's label depends
-    only on that row and public values (e.g. the nearest of already-released centres); then adding
-    or removing a row changes one group's sum and count only, which is what the sensitivity bound
-    assumes. Labels computed jointly from the data (e.g. by non-private K-Means) break it.
-
-    Returns means (k, D) = noisy_sum / max(noisy_count, 1) clipped into the ball (post-processing),
-    counts (k,) noisy, and the epsilon spent (<= requested; inf for ``epsilon = inf``, no noise).
-    """
-    X = _validate.tensor("X", X, ndim=2)
-    k = _validate.positive_int("k", k)
-    labels = _validate.labels("labels", labels, X.shape[0], k, device=X.device)
-    epsilon, delta = _epsilon(epsilon), _delta(delta)
-    clip_norm = _positive_finite("clip_norm", clip_norm)
-    generator = _generator(generator)
-    z = noise_multiplier(epsilon, delta, releases=1, sensitivity=SUM_COUNT_SENSITIVITY)
-    means, counts = _release_means(_clip(X, clip_norm), labels, k, clip_norm, z, generator)
-    return means, counts, epsilon_spent(z, delta, releases=1)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up .venv inside the repo and installs geomkern + fedsim (with the compiled geomkern._C).
+# Sets up .venv inside the repo and installs geomkern (with the compiled geomkern._C) plus the
+# extras `make run` and `make test` need: fedsim (the simulator's packages) and test.
 # Safe to re-run: it only rebuilds when setup.py, pyproject.toml or csrc/ changed.
 #
 # torch: a torch that Python already sees (e.g. a CUDA build on a GPU machine) is reused, never
@@ -34,7 +35,7 @@ echo "[bootstrap] installing build tools"
 "$VPY" -m pip install -q setuptools wheel pybind11 ninja
 # Dependencies come from pyproject.toml; the torch present satisfies its torch requirement, so
 # pip leaves it alone.
-echo "[bootstrap] building geomkern._C (C++/OpenMP) and installing geomkern + fedsim with test extras"
-"$VPY" -m pip install -q --no-build-isolation -e ".[test]"
+echo "[bootstrap] building geomkern._C (C++/OpenMP) and installing geomkern[fedsim,test]"
+"$VPY" -m pip install -q --no-build-isolation -e ".[fedsim,test]"
 "$VPY" -c "import geomkern as gk; print('[bootstrap] backends:', gk.available_backends())"
 echo "$stamp" > "$stamp_file"

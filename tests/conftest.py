@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 
 import geomkern as gk
 
-# Relative error bounds per dtype, for ops whose float64 oracle is exact (DESIGN.md conventions):
+# Relative error bounds per dtype, for ops whose float64 oracle is exact (docs/design.md conventions):
 # float32 outputs are compared with the float64 oracle evaluated on the same float32-rounded inputs.
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 # float16/bfloat16 results are rounded to the storage format: unit roundoff 2^-11 and 2^-8, so twice

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim._io import TMP_SUFFIX
 from fedsim.data import Dataset, load_dataset, save_dataset
 from fedsim.data.dataset import EMBEDDED, EMBEDDED_DIR
 
@@ -107,7 +108,7 @@ def test_round_trip_is_bit_exact(tmp_path, rng, suffix, domains, dtype):
             assert b.dtype == torch.int64 and torch.equal(a, b), k
     assert back.name == ds.name and back.class_names == ds.class_names
     assert back.domain_names == ds.domain_names and back.meta == ds.meta
-    assert not list(tmp_path.glob("*.partial")), "a temporary file was left behind"
+    assert not list(tmp_path.glob(f"*{TMP_SUFFIX}")), "a temporary file was left behind"
 
 
 # --- malformed files --------------------------------------------------------------------------

@@ -139,9 +139,10 @@ def test_calibrate_scale_zero_returns_inputs_and_is_reproducible(pipeline):
     # its weighted basis mean, gd towards the basis' kernel values)
     torch.testing.assert_close(fedmc.calibrate(x, D, B, scale=0.0, method="coordinates",
                                                generator=torch.Generator().manual_seed(0)), x, rtol=0, atol=0)
-    a = fedmc.calibrate(x, D, B, n_per_sample=3, generator=torch.Generator().manual_seed(5))
-    b = fedmc.calibrate(x, D, B, n_per_sample=3, generator=torch.Generator().manual_seed(5))
-    c = fedmc.calibrate(x, D, B, n_per_sample=3, generator=torch.Generator().manual_seed(6))
+    x3 = x.repeat_interleave(3, dim=0)  # three samples per row
+    a = fedmc.calibrate(x3, D, B, generator=torch.Generator().manual_seed(5))
+    b = fedmc.calibrate(x3, D, B, generator=torch.Generator().manual_seed(5))
+    c = fedmc.calibrate(x3, D, B, generator=torch.Generator().manual_seed(6))
     assert a.shape == (120, x.shape[1])
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert not torch.equal(a, c)
@@ -152,9 +153,9 @@ def test_anchored_calibration_is_the_perturbation_only(pipeline):
     unanchored sample minus the unanchored scale-0 sample (the fixed point's own pull), plus x."""
     X, B, gamma, lgds, D = pipeline
     x = X[::30]
-    zero = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point")
+    zero = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point", generator=None)
     torch.testing.assert_close(zero, x, rtol=0, atol=1e-12)
-    pulled = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point", anchored=False)
+    pulled = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point", anchored=False, generator=None)
     assert float((pulled - x).norm(dim=1).mean()) > 1e-3  # the pull that anchoring removes
     a = fedmc.calibrate(x, D, B, method="fixed_point", generator=torch.Generator().manual_seed(3))
     u = fedmc.calibrate(x, D, B, method="fixed_point", anchored=False, generator=torch.Generator().manual_seed(3))
@@ -164,16 +165,16 @@ def test_anchored_calibration_is_the_perturbation_only(pipeline):
 
 def test_calibrate_errors(pipeline):
     X, B, gamma, lgds, D = pipeline
-    with pytest.raises(ValueError, match="gamma"):
-        fedmc.calibrate(X[:5], D, B, gamma=gamma * 2)
     with pytest.raises(ValueError, match="S="):
-        fedmc.calibrate(X[:5], D, B[:-1])
+        fedmc.calibrate(X[:5], D, B[:-1], generator=None)
     with pytest.raises(ValueError, match="formulation='paper'"):
-        fedmc.calibrate(X[:5], D, B, formulation="paper", method="coordinates")
+        fedmc.calibrate(X[:5], D, B, formulation="paper", method="coordinates", generator=None)
     with pytest.raises(ValueError, match="method"):
-        fedmc.calibrate(X[:5], D, B, method="newton")
+        fedmc.calibrate(X[:5], D, B, method="newton", generator=None)
     with pytest.raises(ValueError, match="scale"):
-        fedmc.calibrate(X[:5], D, B, scale=-1.0)
+        fedmc.calibrate(X[:5], D, B, scale=-1.0, generator=None)
+    with pytest.raises(TypeError, match="generator"):  # required: None (secret seed) must be said
+        fedmc.calibrate(X[:5], D, B)
 
 
 def test_auto_components_by_explained_variance(pipeline):
@@ -195,8 +196,9 @@ def test_serialisation_round_trips_bit_exactly(tmp_path, pipeline):
             assert torch.equal(back, obj)
             continue
         assert type(back) is type(obj)
-        for name, t in fedmc._tensors(obj).items():
-            assert torch.equal(getattr(back, name), t), name
+        for name, v in obj.to_dict().items():  # tensors bit-exact, numbers (gamma, epsilon=inf) equal
+            w = getattr(back, name)
+            assert torch.equal(w, v) if isinstance(v, torch.Tensor) else w == v, name
         assert back.gamma == obj.gamma
 
 
@@ -220,12 +222,12 @@ def test_serialisation_rejects_bad_files(tmp_path, pipeline):
     # a dictionary whose variances disagree with its betas in d
     meta = {"format": "geomkern.fedmc", "version": "1", "kind": "geometry_dictionary",
             "scalars": '{"gamma": 0.5}'}
-    t = {k: v.clone() for k, v in fedmc._tensors(D).items()}
+    t = {k: v.clone() for k, v in D.to_dict().items() if isinstance(v, torch.Tensor)}
     t["variances"] = t["variances"][:, :1].contiguous()
     save_file(t, str(tmp_path / "shape.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="variances"):
         fedmc.load(tmp_path / "shape.safetensors")
-    t = {k: v.clone() for k, v in fedmc._tensors(D).items()}
+    t = {k: v.clone() for k, v in D.to_dict().items() if isinstance(v, torch.Tensor)}
     t["betas"][0, 0, 0] = float("nan")
     save_file(t, str(tmp_path / "nan.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="NaN"):
@@ -242,3 +244,164 @@ def test_build_gab_and_gamma(pipeline):
     assert fedmc.resolve_gamma("1/D", B) == pytest.approx(1 / 8)
     with pytest.raises(ValueError, match="n_base"):
         fedmc.build_gab([B[:3]], 5)
+
+
+# ------------------------------------------------------------------ prepared dictionary, ridge, knobs
+
+def test_prepared_dictionary_is_built_once_and_changes_nothing(pipeline, monkeypatch):
+    """fedmc.prepare computes the GAB Gram's factor and the coefficient maps once; calibrate with
+    it gives what the one-shot call gives, and builds neither again."""
+    from geomkern.ops import preimage as pre
+
+    X, B, gamma, lgds, D = pipeline
+    x = X[::40]
+    prep = fedmc.prepare(D, B)
+    assert prep.factor.dtype == torch.float64 and prep.factor.shape == (B.shape[0],) * 2
+    assert prep.coefficients.shape == D.betas.shape and prep.captured.shape == D.variances.shape
+    for method in fedmc.PREIMAGE_METHODS:
+        a = fedmc.calibrate(x, D, B, method=method, generator=torch.Generator().manual_seed(1))
+        b = fedmc.calibrate(x, prep, method=method, generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    calls = {"factor": 0, "gram_BB": 0}
+    real_factor, real_gram = pre.fixed_point_factor, fedmc.rbf_gram
+
+    def factor(*a, **k):
+        calls["factor"] += 1
+        return real_factor(*a, **k)
+
+    def gram(X, Y=None, **k):
+        calls["gram_BB"] += Y is None or Y.shape[0] == X.shape[0] == B.shape[0]
+        return real_gram(X, Y, **k)
+
+    monkeypatch.setattr(pre, "fixed_point_factor", factor)
+    monkeypatch.setattr(fedmc, "fixed_point_factor", factor)
+    monkeypatch.setattr(fedmc, "rbf_gram", gram)
+    for _ in range(3):
+        fedmc.calibrate(x, prep, method="fixed_point", generator=None)
+        fedmc.calibrate(x, prep, formulation="paper", method="fixed_point", generator=None)
+    assert calls == {"factor": 0, "gram_BB": 0}
+    fedmc.calibrate(x, D, B, generator=None)  # a plain dictionary is prepared on the fly
+    assert calls["factor"] == 1
+
+
+def test_prepared_dictionary_errors(pipeline):
+    X, B, gamma, lgds, D = pipeline
+    prep = fedmc.prepare(D, B, ridge=1e-2)
+    with pytest.raises(ValueError, match="ridge=0.001 differs"):
+        fedmc.calibrate(X[:5], prep, ridge=1e-3, generator=None)
+    with pytest.raises(ValueError, match="B differs"):
+        fedmc.calibrate(X[:5], prep, B + 1.0, generator=None)
+    torch.testing.assert_close(fedmc.calibrate(X[:5], prep, B, generator=torch.Generator().manual_seed(0)),
+                               fedmc.calibrate(X[:5], prep, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="needs the GAB"):
+        fedmc.calibrate(X[:5], D, generator=None)
+    with pytest.raises(ValueError, match="ridge"):
+        fedmc.prepare(D, B, ridge=0.0)
+    with pytest.raises(TypeError, match="GeometryDictionary"):
+        fedmc.prepare(lgds[0], B)
+
+
+def test_ridge_reaches_the_fixed_point_solve(pipeline):
+    """calibrate's ridge is the rho of the fixed-point expansion too (it used to stop at the
+    coefficient maps while the solve kept preimage's own 1e-6)."""
+    X, B, gamma, lgds, D = pipeline
+    x = X[::40]
+    T0 = gk.rbf_gram(x, B, gamma=gamma)
+    for ridge in (1e-3, 1e-1):
+        # scale 0: the target is k(x, B) whatever the ridge; only the solve sees it
+        z = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point", anchored=False, ridge=ridge, generator=None)
+        ref = gk.preimage(x, B, T0, gamma=gamma, method="fixed_point", steps=10, ridge=ridge)
+        torch.testing.assert_close(z, ref, rtol=1e-12, atol=1e-12)
+    lo = fedmc.calibrate(x, D, B, scale=0.0, method="fixed_point", anchored=False, ridge=1e-3, generator=None)
+    assert float((z - lo).norm(dim=1).max()) > 1e-6
+
+
+def test_removed_knobs_are_gone(pipeline):
+    X, B, gamma, lgds, D = pipeline
+    # gamma always had to equal the dictionary's; several samples per row = repeated rows
+    for knob in (dict(gamma=gamma), dict(n_per_sample=2)):
+        with pytest.raises(TypeError, match=next(iter(knob))):
+            fedmc.calibrate(X[:5], D, B, generator=None, **knob)
+    assert not hasattr(fedmc, "gab_gamma")
+
+
+def test_generator_none_is_a_fresh_secret_seed_not_the_global_rng(pipeline):
+    X, B, gamma, lgds, D = pipeline
+    x = X[:20]
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)  # the global RNG plays no part
+        runs.append(fedmc.calibrate(x, D, B, method="coordinates", generator=None))
+    assert not torch.equal(runs[0], runs[1])
+
+
+# ------------------------------------------------------------------ containers (geomkern.exchange)
+
+def test_containers_follow_the_exchange_convention(tmp_path, pipeline):
+    from geomkern.exchange import Exchanged, nbytes
+
+    X, B, gamma, lgds, D = pipeline
+    for obj in (fedmc.GAB(B), lgds[0], D):
+        assert isinstance(obj, Exchanged)
+        assert obj.nbytes() == nbytes(*(v for v in obj.to_dict().values() if isinstance(v, torch.Tensor)))
+        back = type(obj).from_dict(obj.to_dict())
+        path = tmp_path / f"{type(obj).__name__}.safetensors"
+        obj.save(path)
+        for other in (back, type(obj).load(path)):
+            for k, v in obj.to_dict().items():
+                w = getattr(other, k)
+                assert torch.equal(w, v) if isinstance(v, torch.Tensor) else w == v, k
+    # the module functions and the methods write one format
+    fedmc.save(D, tmp_path / "f.safetensors")
+    assert type(fedmc.GeometryDictionary.load(tmp_path / "f.safetensors")) is fedmc.GeometryDictionary
+    with pytest.raises(ValueError, match="holds a geometry_dictionary, expected a local_geometry"):
+        fedmc.LocalGeometry.load(tmp_path / "f.safetensors")
+
+
+def test_containers_validate_on_construction(pipeline):
+    X, B, gamma, lgds, D = pipeline
+    good = lgds[0].to_dict()
+    with pytest.raises(ValueError, match="variances has shape"):
+        fedmc.LocalGeometry.from_dict({**good, "variances": good["variances"][:, :1]})
+    with pytest.raises(ValueError, match="NaN"):
+        bad = good["betas"].clone()
+        bad[0, 0, 0] = float("nan")
+        fedmc.LocalGeometry(**{**good, "betas": bad})
+    with pytest.raises(TypeError, match="dtype"):
+        fedmc.GeometryDictionary(**{**D.to_dict(), "weights": D.weights.float()})
+    with pytest.raises(ValueError, match="gamma"):
+        fedmc.GeometryDictionary(**{**D.to_dict(), "gamma": -1.0})
+    with pytest.raises(ValueError, match="missing \\['betas'\\]"):
+        fedmc.GeometryDictionary.from_dict({k: v for k, v in D.to_dict().items() if k != "betas"})
+    with pytest.raises(ValueError, match="rank 2"):
+        fedmc.GAB(B[0])
+
+
+# ------------------------------------------------------------------ the set-up recipe
+
+def test_setup_recipe_sizing_and_privacy(pipeline):
+    """fedmc.setup: the one recipe. Client k releases min(n_prototypes, n_k) prototypes and cuts
+    max(1, min(n_clusters, n_k // 2d)) patches; S = min(n_base, all prototypes); L <= n_entries;
+    epsilon is both releases composed."""
+    from geomkern import privacy
+
+    X, B, gamma, lgds, D = pipeline
+    clients = [X[:400], X[400:430], X[430:436]]  # a large, a small and a tiny client
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    res = fedmc.setup(clients, generators=gens, n_prototypes=16, n_base=100, n_clusters=5, n_components=2,
+                      n_entries=6, epsilon=4.0, clip_norm=100.0, seed=0)
+    assert [p.centers.shape[0] for p in res.prototypes] == [16, 16, 6]
+    assert res.basis.shape == (38, X.shape[1])  # fewer prototypes than n_base: all of them
+    assert [l.centers.shape[0] for l in res.lgds] == [5, 5, 1]  # 30 // 4 = 7 -> 5; 6 // 4 = 1
+    assert res.dictionary.betas.shape[0] <= 6 and res.gamma == pytest.approx(gk.median_gamma(res.basis))
+    z = privacy.noise_multiplier(4.0, 1e-5, releases=5)
+    total = privacy.compose_epsilon([(z, 5), (z, 5)], 1e-5)
+    assert res.epsilon == [total] * 3
+    assert max(res.prototypes[0].epsilon, res.lgds[0].epsilon) < total <= 8.0
+    # the same generators give the same set-up; the recipe is what the steps give one by one
+    again = fedmc.setup(clients, generators=[torch.Generator().manual_seed(i) for i in range(3)], n_prototypes=16,
+                        n_base=100, n_clusters=5, n_components=2, n_entries=6, epsilon=4.0, clip_norm=100.0, seed=0)
+    assert torch.equal(again.basis, res.basis) and torch.equal(again.dictionary.betas, res.dictionary.betas)
+    with pytest.raises(ValueError, match="one entry per client"):
+        fedmc.setup(clients, generators=gens[:2], n_prototypes=16, n_base=100, n_clusters=5, n_components=2,
+                    n_entries=6)

@@ -223,3 +223,104 @@ def test_zero_shot_head_initialisation(tmp_path, blobs):
     assert res["methods"]["FedAvg"]["seeds"]["0"]["final_accuracy"] > 0.9  # no training to speak of
     with pytest.raises(ValueError, match="zero_shot"):
         runner.run(_cfg(blobs, zero_shot=True), tmp_path / "no", progress=False)
+
+
+# ------------------------------------------------------------------------------ augmenters, seeds, files
+def _blob_clients(blobs, k=4):
+    from fedsim.augmenters import ClientData
+    from fedsim.data import load_dataset
+
+    ds = load_dataset(blobs)
+    return ds, [ClientData(ds.x_train[i::k], ds.y_train[i::k]) for i in range(k)]
+
+
+def test_fedmc_augmenter_keeps_data_on_its_device(monkeypatch, blobs):
+    """No host round trip of client data in set-up or augmentation: nothing of embedding width
+    goes through .cpu() (on CPU that call would be a no-op, so it is caught by patching it), the
+    prepared dictionary is built once, and the samples come back on the data's device and dtype."""
+    from geomkern import fedmc
+    from fedsim.augmenters import build_augmenter
+
+    ds, clients = _blob_clients(blobs)
+    moved, prepared = [], []
+    real_cpu, real_prepare = torch.Tensor.cpu, fedmc.prepare
+
+    def cpu(self, *a, **k):
+        if self.dim() >= 2 and self.shape[-1] == ds.dim:
+            moved.append(tuple(self.shape))
+        return real_cpu(self, *a, **k)
+
+    def prepare(*a, **k):
+        prepared.append(1)
+        return real_prepare(*a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    monkeypatch.setattr(fedmc, "prepare", prepare)
+    aug = build_augmenter("fedmc")
+    aug.setup(clients, n_classes=ds.n_classes, seed=0)
+    for r in range(2):
+        for cid, c in enumerate(clients):
+            x, y = aug.augment(cid, c, generator=torch.Generator().manual_seed(r * 10 + cid))
+            assert x.device == c.x.device and x.dtype == c.x.dtype and x.shape == (y.shape[0], ds.dim)
+            assert x.shape[0] > 0
+    assert moved == [] and len(prepared) == 1
+
+
+def test_fedmc_setup_draws_from_the_runs_seed_derivation(blobs):
+    """The augmenter's set-up generators come from the runner's derivation (SeedSequence over
+    (seed, round, client, purpose)), not from an arithmetic seed of its own."""
+    from geomkern import fedmc
+    from fedsim import _seeds
+    from fedsim.augmenters import build_augmenter
+
+    ds, clients = _blob_clients(blobs)
+    aug = build_augmenter("fedmc")
+    aug.setup(clients, n_classes=ds.n_classes, seed=3)
+    p = aug.p
+    ref = fedmc.setup([c.x for c in clients],
+                      generators=[_seeds.generator(3, 0, k, _seeds.SETUP) for k in range(len(clients))],
+                      n_prototypes=p["n_prototypes"], n_base=p["n_base"], n_clusters=p["n_clusters"],
+                      n_components=p["n_components"], n_entries=p["n_entries"], gamma=p["gamma"],
+                      epsilon=p["epsilon"], delta=p["delta"], clip_norm=p["clip_norm"], seed=3)
+    assert torch.equal(aug.B, ref.basis)
+    assert torch.equal(aug.dictionary.betas, ref.dictionary.betas)
+    a, b = (_seeds.generator(3, r, 1, _seeds.AUGMENT) for r in (0, 1))
+    assert not torch.equal(torch.randn(4, generator=a), torch.randn(4, generator=b))
+
+
+def test_setup_bytes_count_what_is_exchanged(blobs):
+    from geomkern.exchange import nbytes
+    from fedsim.augmenters import build_augmenter
+
+    ds, clients = _blob_clients(blobs)
+    aug = build_augmenter("fedmc")
+    aug.setup(clients, n_classes=ds.n_classes, seed=0)
+    down = len(clients) * (aug.B.numel() * aug.B.element_size() + aug.dictionary.nbytes())
+    assert aug.setup_bytes[1] == down
+    assert nbytes(torch.zeros(3, 5), torch.zeros(2, dtype=torch.float64), torch.zeros(7, dtype=torch.int64)) == \
+        3 * 5 * 4 + 2 * 8 + 7 * 8
+
+
+def test_atomic_write_replaces_whole_or_not_at_all(tmp_path):
+    from fedsim._io import TMP_SUFFIX, atomic_write
+
+    path = tmp_path / "f.json"
+    path.write_text("old")
+    with pytest.raises(RuntimeError, match="crash"):
+        with atomic_write(path) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash")
+    assert path.read_text() == "old" and not list(tmp_path.glob(f"*{TMP_SUFFIX}"))
+    with atomic_write(path) as tmp:
+        tmp.write_text("new")
+        assert path.read_text() == "old"  # nothing visible before the rename
+    assert path.read_text() == "new" and not list(tmp_path.glob(f"*{TMP_SUFFIX}"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("augmenter", ["ggeur", "fedmc"])
+def test_augmenters_run_on_cuda(tmp_path, blobs, augmenter):
+    """--device cuda end to end: the augment generator lives on the run's device."""
+    cfg = _cfg(blobs, rounds=2, device="cuda", methods=[MethodSpec("m", augmenter=augmenter)])
+    res = runner.run(cfg, tmp_path / "o", progress=False)["methods"]["m"]["seeds"]["0"]
+    assert res["final_accuracy"] > 1 / 6 + 0.2

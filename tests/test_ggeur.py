@@ -169,6 +169,34 @@ def test_statistics_and_geometry_roundtrip_through_safetensors(seed):
         GlobalGeometry.from_dict([geo.counts])
 
 
+def test_statistics_and_geometry_save_load_in_the_exchange_format(tmp_path, seed):
+    """The containers' own files (geomkern.exchange: safetensors + JSON metadata), validated on
+    load like a construction."""
+    from safetensors.torch import save_file
+
+    rng = np.random.default_rng(seed)
+    C, D = 4, 6
+    stats = _stats(_clients(rng, C=C, D=D, sizes=rng.integers(1, 9, size=(2, C))), C, torch.float64)
+    geo = ggeur.aggregate(stats)
+    for obj in (stats[0], geo):
+        path = tmp_path / f"{type(obj).__name__}.safetensors"
+        obj.save(path)
+        back = type(obj).load(path)
+        for k, v in obj.to_dict().items():
+            assert torch.equal(getattr(back, k), v), k
+    with pytest.raises(ValueError, match="holds a class_statistics, expected a global_geometry"):
+        GlobalGeometry.load(tmp_path / "ClassStatistics.safetensors")
+    bad = {k: v.clone() for k, v in stats[0].to_dict().items()}
+    bad["counts"][0] = -1
+    save_file(bad, str(tmp_path / "neg.safetensors"), metadata={"format": "geomkern.ggeur", "version": "1",
+                                                                "kind": "class_statistics"})
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        ClassStatistics.load(tmp_path / "neg.safetensors")
+    with pytest.raises(ValueError, match="not a geomkern.ggeur file"):
+        save_file(stats[0].to_dict(), str(tmp_path / "plain.safetensors"))
+        ClassStatistics.load(tmp_path / "plain.safetensors")
+
+
 def _one_class_geometry(rng, D, dtype, spectrum):
     clients = _clients(rng, C=2, D=D, sizes=[[400, 300], [500, 200]], spectrum=spectrum)
     return ggeur.aggregate(_stats(clients, 2, dtype))

@@ -1,5 +1,5 @@
 """geomkern.privacy: noise calibration, accounting against dp_accounting and the analytic Gaussian
-mechanism, clipping, DPLloyd and noisy means, argument errors."""
+mechanism, clipping, DPLloyd (and its single releases from public centres), argument errors."""
 from __future__ import annotations
 
 import math
@@ -82,17 +82,21 @@ def test_gaussian_mechanism_zero_multiplier_and_reproducible(seed):
     assert torch.equal(a, b) and not torch.equal(a, v)
 
 
-def test_noisy_means_count_noise_matches_calibration(gen):
-    # 20k groups of 2 rows each: the noisy counts minus 2 are 20k draws of the release's noise.
-    k, D = 20_000, 3
-    X = torch.rand(2 * k, D, generator=gen, dtype=torch.float64) * 0.1
-    labels = torch.arange(2 * k) % k
+def test_release_count_noise_matches_calibration(gen):
+    # Two rows on each of k public centres and one release from them (iters=1, init = the
+    # centres): the noisy counts minus 2 are draws of the release's noise; 10 releases, 20k draws.
+    k, D = 2_000, 8
     eps, delta = 2.0, 1e-5
-    _, counts, spent = privacy.noisy_means(X, labels, k, epsilon=eps, delta=delta, clip_norm=1.0,
-                                           generator=gen)
+    draws = []
+    for _ in range(10):
+        C = torch.randn(k, D, generator=gen, dtype=torch.float64)
+        C = 0.5 * C / C.norm(dim=1, keepdim=True)
+        res = privacy.dp_lloyd(C.repeat_interleave(2, 0), k, epsilon=eps, delta=delta, clip_norm=1.0,
+                               iters=1, init=C, generator=gen)
+        assert res.epsilon <= eps
+        draws.append(res.counts - 2)
     z = privacy.noise_multiplier(eps, delta, releases=1)
-    assert abs(float((counts - 2).std()) / (z * SQRT2) - 1.0) < 0.05
-    assert spent <= eps
+    assert abs(float(torch.cat(draws).std()) / (z * SQRT2) - 1.0) < 0.05
 
 
 # ------------------------------------------------------------------ (b) accounting
@@ -182,24 +186,24 @@ def test_clip_rows(gen, dtype):
 
 
 def test_release_sensitivity_is_sqrt2(gen):
-    # Neighbouring data sets (one huge row added to one group): the released block
-    # [sums / clip_norm | counts] moves by at most sqrt(2) in L2 (read off the noise-free release).
+    # Neighbouring data sets (one huge row added): the released block [sums / clip_norm | counts]
+    # of one DPLloyd release from public centres moves by at most sqrt(2) in L2 (read off the
+    # noise-free release).
     C, k = 0.5, 4
     X = torch.randn(200, 6, generator=gen, dtype=torch.float64)
-    labels = torch.randint(0, k, (200,), generator=gen)
+    init = 0.3 * torch.randn(k, 6, generator=gen, dtype=torch.float64)
     X2 = torch.cat([X, 1e3 * torch.randn(1, 6, generator=gen, dtype=torch.float64)])
-    labels2 = torch.cat([labels, torch.tensor([2])])
 
-    def block(X, labels):
-        means, counts, spent = privacy.noisy_means(X, labels, k, epsilon=math.inf, delta=1e-5,
-                                                   clip_norm=C, generator=gen)
-        assert spent == math.inf
-        return torch.cat([means * counts.unsqueeze(1) / C, counts.unsqueeze(1)], 1)
-    change = float((block(X2, labels2) - block(X, labels)).norm())
+    def block(X):
+        res = privacy.dp_lloyd(X, k, epsilon=math.inf, delta=1e-5, clip_norm=C, iters=1, init=init,
+                               generator=gen)
+        assert res.epsilon == math.inf
+        return torch.cat([res.centers * res.counts.unsqueeze(1) / C, res.counts.unsqueeze(1)], 1)
+    change = float((block(X2) - block(X)).norm())
     assert 1.0 < change <= SQRT2 + 1e-12
 
 
-# ------------------------------------------------------------------ (d) DPLloyd / noisy means
+# ------------------------------------------------------------------ (d) DPLloyd
 
 def _near_init(true, gen, offset=0.15):
     d = torch.randn(true.shape, generator=gen, dtype=true.dtype)
@@ -275,19 +279,19 @@ def test_generator_none_draws_a_secret_seed():
     assert not torch.equal(a, b)
 
 
-def test_noisy_means(gen):
-    X, true = _blobs(gen, D=16)
+def test_one_release_from_public_centres_gives_group_means(gen):
+    X, true = _blobs(gen, D=16)  # rows inside the unit ball: clipping leaves them alone
     labels = torch.cdist(X, true).argmin(1)  # nearest public centre: a per-point partition
-    means, counts, spent = privacy.noisy_means(X, labels, 4, epsilon=math.inf, delta=1e-5,
-                                               clip_norm=1.0, generator=gen)
     exact = torch.stack([X[labels == j].mean(0) for j in range(4)])
-    torch.testing.assert_close(means, exact, rtol=1e-10, atol=1e-12)
-    assert counts.tolist() == [2000.0] * 4 and spent == math.inf
-    means, counts, spent = privacy.noisy_means(X, labels, 4, epsilon=2.0, delta=1e-5,
-                                               clip_norm=1.0, generator=gen)
-    assert spent <= 2.0 and spent == privacy.epsilon_spent(
+    res = privacy.dp_lloyd(X, 4, epsilon=math.inf, delta=1e-5, clip_norm=1.0, iters=1, init=true,
+                           generator=gen)
+    torch.testing.assert_close(res.centers, exact, rtol=1e-10, atol=1e-12)
+    assert res.counts.tolist() == [2000.0] * 4 and res.epsilon == math.inf
+    res = privacy.dp_lloyd(X, 4, epsilon=2.0, delta=1e-5, clip_norm=1.0, iters=1, init=true,
+                           generator=gen)
+    assert res.epsilon <= 2.0 and res.epsilon == privacy.epsilon_spent(
         privacy.noise_multiplier(2.0, 1e-5, releases=1), 1e-5, releases=1)
-    assert float((means - exact).norm(dim=1).max()) < 0.03
+    assert float((res.centers - exact).norm(dim=1).max()) < 0.03
 
 
 # ------------------------------------------------------------------ (e) errors
@@ -308,8 +312,8 @@ def test_bad_delta(delta):
     with pytest.raises(ValueError, match="delta"):
         privacy.epsilon_spent(1.0, delta, releases=1)
     with pytest.raises(ValueError, match="delta"):
-        privacy.noisy_means(torch.randn(10, 2), torch.zeros(10, dtype=torch.long), 1, epsilon=1.0,
-                            delta=delta, clip_norm=1.0, generator=torch.Generator())
+        privacy.dp_lloyd(torch.randn(10, 2), 1, epsilon=1.0, delta=delta, clip_norm=1.0,
+                         generator=torch.Generator())
 
 
 @pytest.mark.parametrize("clip", [0.0, -1.0, math.inf, float("nan")])
@@ -344,9 +348,6 @@ def test_bad_k_releases_and_other_arguments():
         privacy.noise_multiplier(1.0, 1e-5, releases=1, sensitivity=0.0)
     with pytest.raises(ValueError, match="sensitivity"):
         privacy.gaussian_mechanism(X, sensitivity=-1.0, noise_multiplier=1.0, generator=g)
-    with pytest.raises(ValueError, match="labels values must lie in"):
-        privacy.noisy_means(X, torch.full((10,), 3), 3, epsilon=1.0, delta=1e-5, clip_norm=1.0,
-                            generator=g)
     with pytest.raises(ValueError, match="X contains"):
         privacy.dp_lloyd(torch.full((10, 2), float("nan")), 2, epsilon=1.0, delta=1e-5,
                          clip_norm=1.0, generator=g)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from geomkern.exchange import nbytes
+
 from .._params import merge_params
 
 Params = dict[str, torch.Tensor]
@@ -45,7 +47,7 @@ class ClientUpdate:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def upload_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in list(self.params.values()) + list(self.extras.values()))
+        return nbytes(*self.params.values(), *self.extras.values())
 
 
 def params_of(model: nn.Module) -> Params:
@@ -89,7 +91,7 @@ class Algorithm:
 
     def download_bytes(self, global_params: Params) -> int:
         """Bytes the server sends each selected client per round (the global model by default)."""
-        return sum(t.numel() * t.element_size() for t in global_params.values())
+        return nbytes(*global_params.values())
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

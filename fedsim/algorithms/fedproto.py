@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from geomkern.exchange import nbytes
+
 from . import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots
@@ -61,7 +63,7 @@ class FedProto(Algorithm):
     def download_bytes(self, global_params: Params) -> int:
         extra = 0
         if self.protos is not None:
-            extra = int((self.counts > 0).sum()) * self.protos.shape[1] * self.protos.element_size()
+            extra = nbytes(self.protos[self.counts > 0])  # only the classes somebody holds
         return super().download_bytes(global_params) + extra
 
     def state_dict(self) -> dict:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from geomkern.exchange import nbytes
+
 from . import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots, float_keys, mean_extra, put, put_clients, take, take_clients
@@ -87,7 +89,7 @@ class Scaffold(Algorithm):
 
     def download_bytes(self, global_params: Params) -> int:
         c = self._server_c(global_params)
-        return super().download_bytes(global_params) + sum(t.numel() * t.element_size() for t in c.values())
+        return super().download_bytes(global_params) + nbytes(*c.values())
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:

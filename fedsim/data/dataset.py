@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._io import atomic_write
+
 EMBEDDED_DIR = Path(__file__).parent
 EMBEDDED = {"default": "wordnet_minilm.npz"}
 
@@ -88,6 +90,10 @@ class Dataset:
 
 
 _ARRAYS = ("x_train", "y_train", "x_test", "y_test", "d_train", "d_test", "class_text")
+# What every loader error points at: the layout, and the command that builds it from plain arrays.
+_LAYOUT = ("a fedsim dataset holds arrays x_train (n, D) float, y_train (n,) int, x_test (m, D), y_test (m,) "
+           "and a JSON header with class_names; build one from plain arrays with `fedsim import` "
+           "(docs/own-embeddings.md)")
 _FLOAT_ARRAYS = ("x_train", "x_test", "class_text")
 
 
@@ -97,19 +103,18 @@ def save_dataset(ds: Dataset, path) -> Path:
     arrays = {k: getattr(ds, k).cpu().numpy() for k in _ARRAYS if getattr(ds, k) is not None}
     header = {"name": ds.name, "class_names": list(ds.class_names),
               "domain_names": list(ds.domain_names), "meta": ds.meta}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    if path.suffix == ".npz":
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, header=np.array(json.dumps(header)), **arrays)
-    elif path.suffix == ".safetensors":
-        from safetensors.numpy import save_file
-
-        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp),
-                  metadata={"fedsim_dataset": json.dumps(header)})
-    else:
+    if path.suffix not in (".npz", ".safetensors"):
         raise ValueError(f"dataset file {path} must end in .npz or .safetensors")
-    tmp.replace(path)  # never leave a half-written file under the final name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as tmp:  # never leave a half-written file under the final name
+        if path.suffix == ".npz":
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, header=np.array(json.dumps(header)), **arrays)
+        else:
+            from safetensors.numpy import save_file
+
+            save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp),
+                      metadata={"fedsim_dataset": json.dumps(header)})
     return path
 
 
@@ -128,13 +133,20 @@ def load_dataset(source) -> Dataset:
         raise FileNotFoundError(f"dataset file {path} does not exist (embedded names: {sorted(EMBEDDED)})")
     bad = f"{path} is not a valid fedsim dataset"
     if path.suffix not in (".npz", ".safetensors"):
-        raise ValueError(f"{bad}: the file must end in .npz or .safetensors")
+        raise ValueError(f"{bad}: the file must end in .npz or .safetensors; plain arrays (.npy, .pt, .csv, "
+                         "...) become one with `fedsim import`")
     if path.suffix == ".npz" and not zipfile.is_zipfile(path):
         # np.load would otherwise read a non-zip as .npy or pickle and fail with an odd message.
         raise ValueError(f"{bad}: not a zip archive (an .npz is one)")
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
+                if "header" not in z.files:
+                    plain = all(k in z.files for k in ("x_train", "y_train", "x_test", "y_test"))
+                    raise ValueError(f"the archive lacks the 'header' entry (it holds {sorted(z.files)}); "
+                                     + _LAYOUT + (f"; here: fedsim import --train-x {path}:x_train --train-y "
+                                                  f"{path}:y_train --test-x {path}:x_test --test-y {path}:y_test "
+                                                  f"--out {path.stem}-fedsim.npz" if plain else ""))
                 header = json.loads(str(z["header"]))
                 arrays = {k: z[k] for k in _ARRAYS if k in z.files}
         else:
@@ -142,6 +154,9 @@ def load_dataset(source) -> Dataset:
 
             try:
                 with safe_open(str(path), framework="np") as f:
+                    if "fedsim_dataset" not in (f.metadata() or {}):
+                        raise ValueError("the file lacks the 'fedsim_dataset' metadata entry (the header; it "
+                                         f"holds tensors {sorted(f.keys())}); " + _LAYOUT)
                     header = json.loads((f.metadata() or {})["fedsim_dataset"])
                     arrays = {k: f.get_tensor(k) for k in f.keys()}
             except SafetensorError as exc:
@@ -149,10 +164,10 @@ def load_dataset(source) -> Dataset:
     except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{bad}: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("class_names"), list):
-        raise ValueError(f"{bad}: its header has no class_names list")
+        raise ValueError(f"{bad}: its header has no class_names list; {_LAYOUT}")
     missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
     if missing:
-        raise ValueError(f"{bad}: missing arrays {missing}")
+        raise ValueError(f"{bad}: missing arrays {missing}; {_LAYOUT}")
     for k, a in arrays.items():
         # Check kinds before the casts below, which would turn float labels into silent integers.
         want = "f" if k in _FLOAT_ARRAYS else "iu"

@@ -36,8 +36,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from .._io import atomic_write
+from .._progress import progress_bar
 from ..data import Dataset, save_dataset
 from .datasets import SourceDataset, Split
 from .encoders import ImageEncoder, TextEncoder
@@ -55,17 +56,9 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "fedsim"
 
 
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
         np.save(f, array)
-    tmp.replace(path)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 class EmbeddingCache:
@@ -90,8 +83,9 @@ class EmbeddingCache:
     def put(self, key: str, x: np.ndarray, info: dict) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_save(path, x)
-        _atomic_text(path.with_suffix(".json"), json.dumps(info, indent=1, sort_keys=True))
+        _save_npy(path, x)
+        with atomic_write(path.with_suffix(".json")) as tmp:
+            tmp.write_text(json.dumps(info, indent=1, sort_keys=True))
 
 
 def describe_encoder(encoder, modality: str) -> dict:
@@ -193,8 +187,8 @@ def encode_split(split: Split, encoder, modality: str, work: Path, tag: str, *, 
             num_workers=num_workers, collate_fn=collate,
             pin_memory=isinstance(device, torch.device) and device.type == "cuda")
         chunk, buf, filled = start, [], 0
-        with tqdm(total=n, initial=start * chunk_size, desc=desc, unit="item", disable=not progress,
-                  dynamic_ncols=True) as bar:
+        with progress_bar(total=n, initial=start * chunk_size, desc=desc, unit="item",
+                          enabled=progress) as bar:
             for batch in loader:
                 b = len(batch)
                 e = encoder.encode(batch) if modality == "image" else encoder.encode(batch, batch_size=b)
@@ -209,7 +203,7 @@ def encode_split(split: Split, encoder, modality: str, work: Path, tag: str, *, 
                 filled += b
                 bar.update(b)
                 if filled == rows(chunk):
-                    _atomic_save(path(chunk), np.concatenate(buf))
+                    _save_npy(path(chunk), np.concatenate(buf))
                     chunk, buf, filled = chunk + 1, [], 0
         if chunk != n_chunks:
             raise RuntimeError(f"{desc}: the loader stopped after chunk {chunk} of {n_chunks}")
@@ -258,7 +252,8 @@ def _open_work(work: Path, manifest: dict) -> None:
                 f"made with to resume it, or delete {work} to start over")
         return
     work.mkdir(parents=True, exist_ok=True)
-    _atomic_text(path, json.dumps(manifest, indent=1, sort_keys=True))
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def extract(source: SourceDataset, encoder, out, *, cache_dir=None, use_cache: bool = True,
