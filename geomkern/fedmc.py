@@ -259,8 +259,10 @@ class GeometryDictionary(Exchanged):
 
 def fuse(lgds: Sequence[LocalGeometry], *, n_entries: int, seed: int = 0) -> GeometryDictionary:
     """Server: meta-cluster all uploaded patch centres into (at most) ``n_entries`` regions and fuse each
-    region's patches by paper Eq. 7: per component i, a weighted mean with weights n_j * lambda_j,i
-    of the variances, eigenvalues and betas.
+    region's patches by paper Eq. 7: per component i, beta*_i = sum_j n_j lambda_j,i beta_j,i /
+    sum_j n_j lambda_j,i and lambda*_i = sum_j n_j lambda_j,i / sum_j n_j (the variance is
+    sample-weighted). The paper does not define the fused Gram eigenvalue mu*; here it is
+    sample-weighted like lambda* (mu*_i = sum_j n_j mu_j,i / sum_j n_j).
 
     Before averaging, each patch's beta_i is sign-aligned with that of the region's member with
     the largest weight for component i (eigenvector signs are arbitrary per patch; averaging
@@ -315,11 +317,16 @@ def _fuse_regions(centers, counts, mu, lam, betas, region, L: int, gamma: float)
         return acc / safe.view(safe.shape + (1,) * (v.dim() - 2))
 
     n_r = torch.zeros(L, dtype=counts.dtype, device=counts.device).index_add_(0, region, counts)
+
+    def nmean(v):  # (P, d) -> (L, d), weights n_j: Eq. 7's variance fusion
+        acc = torch.zeros(L, v.shape[1], dtype=v.dtype, device=v.device)
+        return acc.index_add_(0, region, v * counts.unsqueeze(1)) / n_r.unsqueeze(1)
+
     protos = torch.zeros(L, centers.shape[1], dtype=centers.dtype, device=centers.device)
     protos.index_add_(0, region, centers * counts.unsqueeze(1))
     protos /= n_r.unsqueeze(1)
-    return GeometryDictionary(prototypes=protos, weights=n_r, eigenvalues=wmean(mu),
-                              variances=wmean(lam), betas=wmean(aligned), gamma=gamma)
+    return GeometryDictionary(prototypes=protos, weights=n_r, eigenvalues=nmean(mu),
+                              variances=nmean(lam), betas=wmean(aligned), gamma=gamma)
 
 
 def nearest_entry(X: torch.Tensor, dictionary: GeometryDictionary) -> torch.Tensor:

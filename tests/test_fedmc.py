@@ -40,14 +40,25 @@ def test_fuse_matches_eq7_on_hand_made_lgds():
         lam = np.stack([l.variances[j].numpy() for l, j in members])
         mu = np.stack([l.eigenvalues[j].numpy() for l, j in members])
         beta = np.stack([l.betas[j].numpy() for l, j in members])
-        w = n[:, None] * lam  # Eq. 7 weights n_j * lambda_j,i
-        np.testing.assert_allclose(D.variances[r].numpy(), (w * lam).sum(0) / w.sum(0), rtol=1e-12)
-        np.testing.assert_allclose(D.eigenvalues[r].numpy(), (w * mu).sum(0) / w.sum(0), rtol=1e-12)
+        w = n[:, None] * lam  # Eq. 7: betas weighted by n_j * lambda_j,i ...
+        # ... variances (and, by this implementation's choice, eigenvalues) by n_j
+        np.testing.assert_allclose(D.variances[r].numpy(), (n[:, None] * lam).sum(0) / n.sum(), rtol=1e-12)
+        np.testing.assert_allclose(D.eigenvalues[r].numpy(), (n[:, None] * mu).sum(0) / n.sum(), rtol=1e-12)
         np.testing.assert_allclose(D.betas[r].numpy(), (w[:, :, None] * beta).sum(0) / w.sum(0)[:, None],
                                    rtol=1e-12)
         cen = np.stack([l.centers[j].numpy() for l, j in members])
         np.testing.assert_allclose(D.prototypes[r].numpy(), (n[:, None] * cen).sum(0) / n.sum(), rtol=1e-12)
         assert float(D.weights[r]) == pytest.approx(n.sum())
+
+
+def test_fuse_variance_is_sample_weighted_eq7():
+    # the example: n = (10, 30), lambda = (1, 3) fuse to 2.5 (Eq. 7), not 2.8 (n * lambda weights)
+    S = 3
+    a = _lgd([[0.0, 0.0]], [10], [[10.0 * 1.0]], np.ones((1, 1, S)))
+    b = _lgd([[0.1, 0.0]], [30], [[30.0 * 3.0]], np.ones((1, 1, S)))
+    D = fedmc.fuse([a, b], n_entries=1, seed=0)
+    assert float(D.variances[0, 0]) == pytest.approx(2.5, rel=1e-12)
+    assert float(D.eigenvalues[0, 0]) == pytest.approx((10 * 10.0 + 30 * 90.0) / 40, rel=1e-12)
 
 
 def test_fuse_aligns_eigenvector_signs():
