@@ -94,6 +94,23 @@ def fill_sources(y: torch.Tensor, n_classes: int, target: int) -> torch.Tensor:
     return torch.cat(out) if out else y.new_zeros(0)
 
 
+class OversampleAugmenter(Augmenter):
+    """The matched-compute control of GGEUR and FedMC (docs/design.md note 9): the same extra
+    rows per round under the same budget rule (fill each held class up to ``target_per_class``),
+    but copies of the client's own real samples instead of synthetic ones. An augmenter's gain over
+    FedAvg that this control also shows comes from the extra local steps, not from geometry."""
+
+    name = "oversample"
+    defaults = {"target_per_class": 100}
+
+    def setup(self, clients, *, n_classes, seed):
+        self.n_classes = n_classes  # nothing is exchanged: setup_bytes stay (0, 0)
+
+    def augment(self, cid, data, *, generator):
+        rows = fill_sources(data.y, self.n_classes, self.p["target_per_class"])
+        return data.x[rows], data.y[rows]
+
+
 class FedMCAugmenter(Augmenter):
     """FedMC: DP prototypes -> GAB -> local geometry -> fused dictionary (once), then every round
     fresh calibrated samples labelled like their source: by default the same budget as GGEUR
@@ -134,7 +151,8 @@ class FedMCAugmenter(Augmenter):
         return Z, data.y[rows]
 
 
-AUGMENTERS = {"none": Augmenter, "ggeur": GGEURAugmenter, "fedmc": FedMCAugmenter}
+AUGMENTERS = {"none": Augmenter, "oversample": OversampleAugmenter, "ggeur": GGEURAugmenter,
+              "fedmc": FedMCAugmenter}
 
 
 def build_augmenter(name: str, **params) -> Augmenter:

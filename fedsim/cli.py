@@ -76,7 +76,7 @@ def _run(args) -> int:
             if v is not None:
                 setattr(cfg, attr, v)
         if args.algorithms or args.augmenters:
-            cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or "none,ggeur,fedmc")
+            cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or "none,oversample,ggeur,fedmc")
         out = Path(args.out or time.strftime("fedsim-out/run-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
     try:
@@ -199,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lr", type=float, help="local learning rate (default 0.05)")
     r.add_argument("--model", help="linear (cosine head) | mlp")
     r.add_argument("--algorithms", help="comma list, e.g. fedavg,fedprox,scaffold (default fedavg)")
-    r.add_argument("--augmenters", help="comma list of none,ggeur,fedmc (default all three)")
+    r.add_argument("--augmenters", help="comma list of none,oversample,ggeur,fedmc (default all four; "
+                   "oversample is the matched-compute control: the augmenters' budget of extra local "
+                   "steps spent on copies of real samples)")
     r.add_argument("--seed", type=int, help="first seed (default 0)")
     r.add_argument("--seeds", type=int, help="number of seeds; tables show mean ± std (default 1)")
     r.add_argument("--device", help="cpu | cuda (default cpu)")

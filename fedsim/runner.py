@@ -39,8 +39,9 @@ class MethodSpec:
 
 
 def default_methods() -> list[MethodSpec]:
-    return [MethodSpec("FedAvg"), MethodSpec("FedAvg+GGEUR", augmenter="ggeur"),
-            MethodSpec("FedAvg+FedMC", augmenter="fedmc")]
+    # FedAvg+oversample: the matched-compute control of the two augmenters (docs/design.md note 9)
+    return [MethodSpec("FedAvg"), MethodSpec("FedAvg+oversample", augmenter="oversample"),
+            MethodSpec("FedAvg+GGEUR", augmenter="ggeur"), MethodSpec("FedAvg+FedMC", augmenter="fedmc")]
 
 
 @dataclass

@@ -324,3 +324,23 @@ def test_augmenters_run_on_cuda(tmp_path, blobs, augmenter):
     cfg = _cfg(blobs, rounds=2, device="cuda", methods=[MethodSpec("m", augmenter=augmenter)])
     res = runner.run(cfg, tmp_path / "o", progress=False)["methods"]["m"]["seeds"]["0"]
     assert res["final_accuracy"] > 1 / 6 + 0.2
+
+
+def test_oversample_control_matches_the_augmenters_budget():
+    """The matched-compute control adds exactly as many rows per class as GGEUR and FedMC (the same
+    fill rule), and every row is a copy of one of the client's own samples."""
+    from fedsim.augmenters import ClientData, build_augmenter, fill_sources
+
+    g = torch.Generator().manual_seed(3)
+    y = torch.tensor([0] * 7 + [2] * 120 + [3] * 1)
+    x = torch.randn(y.numel(), 6, generator=g)
+    data = ClientData(x, y, None)
+    aug = build_augmenter("oversample", target_per_class=50)
+    aug.setup([data], n_classes=5, seed=0)
+    xa, ya = aug.augment(0, data, generator=g)
+    assert torch.equal(torch.bincount(ya, minlength=5), torch.tensor([43, 0, 0, 49, 0]))
+    assert torch.equal(ya, y[fill_sources(y, 5, 50)])
+    # copies of real rows of the same class, nothing synthetic
+    match = (xa[:, None, :] == x[None, :, :]).all(-1)
+    assert bool(match.any(1).all()) and bool((y[match.float().argmax(1)] == ya).all())
+    assert aug.setup_bytes == (0, 0)
