@@ -49,7 +49,8 @@ How a launch is modelled
    shared-memory wavefronts, and issue (all instructions / 4 per clock). ``loop_efficiency`` =
    the dot pipe's own cycles over that maximum: the fraction of the pipe's peak the loop can
    reach. The dot's pipe is the one the SASS uses: HGMMA (wgmma), HMMA (mma.sync), DMMA, else
-   FFMA (float32) or DFMA (float64).
+   FFMA (float32) or DFMA (float64). At precision ``tf32x3`` each multiply-add of the op is three
+   TF32 products (``DOT_PASSES``): the dot's time is three times the TF32 time.
 2. Per program (thread block), from the launch configuration and the kernel's tile loop (the
    per-kernel work functions in sm90_report.py): multiply-adds executed (tiles are computed whole,
    padding included), bytes requested from L2 (every tile load: the tile reuse of the
@@ -123,6 +124,9 @@ PIPE_FLOPS = {
 }
 # Fastest dot rate meeting each dtype's accuracy bound (see the docstring): 3xTF32 / DMMA.
 ROOFLINE_FLOPS = {"float32": TF32_FLOPS / 3, "float64": DMMA_FLOPS}
+# Tensor-core products per nominal product, by tl.dot input_precision (3xTF32: hi*hi + hi*lo +
+# lo*hi, three HGMMA per multiply-add of the op; the SASS shows them as 3x the HGMMA count).
+DOT_PASSES = {"tf32x3": 3}
 TENSOR_OPS = ("HGMMA", "HMMA", "DMMA")
 
 
@@ -375,10 +379,16 @@ def _makespan(times: list[float]) -> float:
     return max(heap)
 
 
+def dot_passes(precision: str, pipe: str) -> int:
+    """Tensor-core products per nominal product: 3 for 3xTF32 on a TF32 pipe, else 1."""
+    return DOT_PASSES.get(precision, 1) if pipe in ("hgmma_tf32", "hmma_tf32") else 1
+
+
 def predict(work: Work, pipe: str, loop_efficiency: float, exp_redundancy: float,
-            dtype: str = "float32") -> dict:
-    """The model's time of one launch (see the module docstring) and its components, in us."""
-    dot_rate_sm = PIPE_FLOPS[pipe] * max(loop_efficiency, 1e-3) / SMS
+            dtype: str = "float32", passes: int = 1) -> dict:
+    """The model's time of one launch (see the module docstring) and its components, in us.
+    ``passes``: tensor-core products per nominal multiply-add (``dot_passes``)."""
+    dot_rate_sm = PIPE_FLOPS[pipe] * max(loop_efficiency, 1e-3) / SMS / passes
     l2_rate_sm = L2_BYTES_S / SMS
     mufu_rate_sm = MUFU_PER_S / SMS
     # float64 exp is a DFMA polynomial: its cost is inside the loop mix, not on MUFU

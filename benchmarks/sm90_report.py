@@ -522,21 +522,33 @@ def _work_projection(a, grid):
 
 
 def _work_preimage(a, grid):
-    Z0, B, T, Out = a["Z0"], a["B"], a["T"], a["Out"]
+    """Per step, two tiled products (geomkern/backends/triton/preimage.py): k(z, B) as
+    (BLOCK_M, BLOCK_N) tiles of S reduced over D, re-reading the program's z rows (from Out) once
+    per S tile and all of B once; then w B as (BLOCK_M, BLOCK_N) tiles of D reduced over S,
+    re-reading the program's w rows (scratch W) once per D tile and all of B once. z and W are
+    the program's own rows: L2 traffic, not HBM (assumption: the live rows of the resident
+    programs fit in L2; ``l2_live_bytes`` in the record says how much that is)."""
+    # 2-D operands are tensor descriptors (TMA): their tensors are .base
+    Z0, B, T, W = a["Z0"].base, a["Bk"].base, a["T"].base, a["Wn"].base
     b, S, D, steps = a["b"], a["S"], a["D"], a["steps"]
-    BM, BS, BD = a["BLOCK_M"], a["BLOCK_S"], a["BLOCK_D"]
-    e = _esize(Z0)
-    it = _cdiv(S, BS)
+    BM, BN, BK = a["BLOCK_M"], a["BLOCK_N"], a["BLOCK_K"]
+    e, ew, et = _esize(Z0), _esize(W), _esize(T)
+    ts, td = _cdiv(S, BN), _cdiv(D, BN)
+    macs_step = BM * BN * (ts * _cdiv(D, BK) * BK + td * _cdiv(S, BK) * BK)
     macs, l2, ex = [], [], []
     for i in range(grid[0]):
         r = _clamp(b - i * BM, 0, BM)
-        macs.append(steps * it * 2 * BM * BS * BD)
-        # every step streams all of B and the block's target rows (B is reused only BLOCK_M times)
-        l2.append(steps * (S * D * _esize(B) + r * S * _esize(T)) + 2 * r * D * e + r * e)
-        ex.append(steps * it * BM * BS)
-    hbm = 2 * b * D * e + b * S * _esize(T) + S * D * _esize(B) + b * e
+        per_step = (ts * r * D * e + S * D * _esize(B) + S * ew          # product 1: z, B, |b|^2
+                    + r * S * et + r * S * ew                             # targets in, w out
+                    + td * r * S * ew + S * D * _esize(B) + 2 * r * D * e)  # product 2, z update
+        macs.append(steps * macs_step)
+        l2.append(steps * per_step + 2 * r * D * e + r * e)
+        ex.append(steps * BM * BN * ts)
+    hbm = 2 * b * D * e + b * S * et + S * D * _esize(B) + b * e
     op = {"flops": steps * 4.0 * b * S * D, "bytes": hbm, "exps": float(steps * b * S)}
-    return gm.Work(macs, l2, ex, hbm, BM * BS), op
+    work = gm.Work(macs, l2, ex, hbm, BM * BN)
+    work.note = f"l2_live_bytes per program: {BM * (D * e + S * ew + S * et)}"
+    return work, op
 
 
 def _work_assign(a, grid):
@@ -581,13 +593,17 @@ def _record(kernel: str, backend: str, case: str, op: str, dtype: str, precision
     occ = gm.occupancy(ptx["regs"], smem, threads)
     red = gm.exp_redundancy(instrs, threads, work.exp_tile) if work and work.exp_tile else 0.0
     if work is not None:
-        pred = gm.predict(work, pipe, mix.efficiency, red if red else 1.0, dtype)
+        pred = gm.predict(work, pipe, mix.efficiency, red if red else 1.0, dtype,
+                          gm.dot_passes(precision, pipe))
         roof = gm.roofline(op_min["flops"], op_min["bytes"], op_min["exps"], dtype)
         model = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in pred.items()
                  if k != "predicted_us"} | {"roofline_bound": roof["roofline_bound"],
                                             "op_min_flops": op_min["flops"],
                                             "op_min_bytes": op_min["bytes"],
-                                            "op_min_exps": op_min["exps"]}
+                                            "op_min_exps": op_min["exps"],
+                                            "dot_passes": gm.dot_passes(precision, pipe)}
+        if work.note:
+            model["note"] = work.note
     else:  # a kernel this report has no work function for (yet): compiled, not modelled
         pred = {"predicted_us": None}
         roof = {"roofline_us": None, "roofline_tf32_us": None}

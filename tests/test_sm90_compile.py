@@ -2,11 +2,10 @@
 benchmarks/sm90_report.py with the launch configurations geomkern's launchers pick.
 
 - the report's records parse and carry the keys the issue asks for;
-- no hot-loop spill (LDL/STL inside the innermost loop that does the kernel's work) at D <= 512;
+- no hot-loop spill (LDL/STL inside the innermost loop that does the kernel's work) at D <= 1,024,
+  at every precision;
 - every kernel with a dot has tensor-core instructions (HGMMA/HMMA/DMMA) at the default
-  precision: KNOWN TO FAIL today (every float32 tl.dot defaults to input_precision="ieee", which
-  compiles to FFMA), so it is xfail(strict=True): the day the default uses tensor cores it XPASSes,
-  the strict marker turns that into a failure, and the marker must be removed;
+  precision ("tf32x3": three TF32 products per float32 multiply-add);
 - the same kernels at precision="tf32" do show HMMA/HGMMA (proof that the check above can see
   tensor cores at all).
 
@@ -37,10 +36,10 @@ gpu_model = sys.modules["gpu_model"]
 WHY_NOT = sm90_report.why_not()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"sm_90 compile check: {WHY_NOT}")
 
-# substrings of benchmarks/sm90_report.py case names: Gram (float32 + float64), the 50k x S512 x
-# D512 gd pre-image (float32 + float64), K-Means assign k = 64, the projection
-CASES = ["gram 4096^2", "preimage gd 50000 x S512 x D512", "assign 10 x 5000 x D512, k64",
-         "projection"]
+# substrings of benchmarks/sm90_report.py case names: Gram (float32 + float64), the 50k x S512 gd
+# pre-image at D = 512 (float32 + float64) and D = 1,024, K-Means assign k = 64, the projection
+CASES = ["gram 4096^2", "preimage gd 50000 x S512 x D512", "preimage gd 50000 x S512 x D1024",
+         "assign 10 x 5000 x D512, k64", "projection"]
 KEYS = {"kernel", "case", "precision", "regs", "spill_bytes", "smem_bytes", "warps_per_sm",
         "tensor_core_instructions", "has_dot", "predicted_us", "roofline_us", "grid", "num_warps",
         "num_stages", "dtype", "default_precision", "hot_loop_spill"}
@@ -80,16 +79,13 @@ def test_records_parse_and_have_the_keys(records):
     assert precisions == from_launchers
 
 
-def test_no_hot_loop_spill_up_to_d512(records):
+def test_no_hot_loop_spill_up_to_d1024(records):
+    assert any("D1024" in r["case"] for r in records if r["kernel"] == "_preimage_kernel")
     spilling = [(r["kernel"], r["case"], r["dtype"], r["precision"], r["hot_loop"]["local_memory_ops"])
                 for r in records if r["hot_loop_spill"]]
     assert not spilling, f"local-memory loads/stores inside the hot loop: {spilling}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 13: every float32 tl.dot defaults to input_precision='ieee', which compiles to FFMA; "
-    "no kernel uses tensor cores unless the caller opts into tf32. Remove this marker when the "
-    "default precision uses tensor cores (3xTF32 or split bf16)."))
 def test_every_dot_kernel_uses_tensor_cores_at_the_default_precision(records):
     default = _dots(records, default_precision=True)
     assert default
@@ -108,6 +104,17 @@ def test_tf32_kernels_show_tensor_core_instructions(records):
         assert r["dot_pipe"] in ("hgmma_tf32", "hmma_tf32")
 
 
+def test_preimage_tiles_feed_wgmma(records):
+    # issue 13 item 3: >= 64 rows per tile (wgmma's M; each B tile reused >= 64 times per
+    # product), each exp computed once, at the default precision
+    pre = _dots(records, kernel="_preimage_kernel", dtype="float32", default_precision=True)
+    assert pre
+    for r in pre:
+        assert r["constexprs"]["BLOCK_M"] >= 64, (r["case"], r["constexprs"])
+        assert any(op.startswith("HGMMA") for op in r["tensor_core_ops"]), (r["case"], r["tensor_core_ops"])
+        assert r["exp_redundancy"] == 1.0, (r["case"], r["exp_redundancy"])
+
+
 def test_model_building_blocks():
     # 168 registers x 128 threads: 5,376 registers per warp -> 12 warps per SM on sm_90
     assert gpu_model.occupancy(168, 32768, 128)["warps_per_sm"] == 12
@@ -116,6 +123,8 @@ def test_model_building_blocks():
     assert gpu_model.mma_macs("HGMMA.64x64x8.F32.TF32") == 64 * 64 * 8 / 4
     assert gpu_model.mma_macs("HMMA.1688.F32.TF32") == 16 * 8 * 8
     assert gpu_model.mma_macs("DMMA.8x8x4") == 8 * 8 * 4
+    assert gpu_model.dot_passes("tf32x3", "hgmma_tf32") == 3
+    assert gpu_model.dot_passes("tf32x3", "ffma") == gpu_model.dot_passes("tf32", "hgmma_tf32") == 1
     # P equal programs on 132 SMs: the quantisation factor is ceil(P / 132) * 132 / P
     w = gpu_model.Work([1e6] * 160, [0.0] * 160, [0.0] * 160, 0.0)
     q = gpu_model.predict(w, "ffma", 1.0, 1.0)["quantisation"]

@@ -1,123 +1,170 @@
 """Triton fused pre-image solvers: every iteration in one launch per tile of points.
 
-Same math as geomkern.ops.preimage.gd_reference / fixed_point_reference. A program owns
-BLOCK_M points; their iterates z (BLOCK_M, D) stay in registers for all ``steps`` while the basis
-B (and the per-point targets or coefficients) are streamed tile by tile each step, so nothing
-but the final z is written. That needs the whole row on chip: D <= 1024 in float32, 512 in
-float64 (``MAX_D``; both fit the shared memory of an A100, compiled for sm_90 with 2 pipeline
-stages: ~130 KB); a larger D, or a GPU whose shared memory is too small, runs the reference with
-a warning saying so.
+Same math as geomkern.ops.preimage.gd_reference / fixed_point_reference. A program owns BLOCK_M
+points and runs all ``steps`` for them. Each step is two tiled matrix products over the basis
+B (S, D), both shaped for the tensor cores (BLOCK_M >= 64 rows: Hopper's wgmma):
+
+1. k = exp(-gamma |z - b|^2) from zb = z B^T, (BLOCK_M, BLOCK_N) tiles reduced over D in BLOCK_K
+   chunks; w (gd: (k - t) k; fixed point: a k) and its row sums are formed in the product's own
+   register layout (each exp computed once) and written to a per-point scratch row W (b, S);
+2. wB = w B, (BLOCK_M, BLOCK_N) tiles of D reduced over S, and the update of those columns of z.
+
+Nothing D-sized lives in registers, so any D compiles without spilling (issue 13: the old
+whole-row-in-registers kernel spilled at D = 1,024 and used 16-row tiles below wgmma's minimum).
+The iterate itself lives in the output (updated in place, the program's own rows) and w in a
+scratch buffer: both are re-read from L2 every step, which benchmarks/sm90_report.py prices (each
+B tile is reused BLOCK_M times per product). Every 2-D access is a tensor descriptor (TMA on
+Hopper), so no thread holds tile addresses; a row is written by TMA stores and read back by TMA
+loads after a barrier, before which Triton waits for the stores to complete
+(``cp.async.bulk.wait_group 0``, in the PTX): the one ordering a GPU run must still confirm.
 """
 from __future__ import annotations
-
-import warnings
 
 import torch
 import triton
 import triton.language as tl
 
-from ... import _dispatch
-from ...ops.preimage import fixed_point_reference, gd_reference
-from . import _common as C
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-MAX_D = {torch.float32: 1024, torch.float64: 512}
+from ... import _dispatch
+from . import _common as C
 
 
 @triton.jit
-def _preimage_kernel(Z0, B, T, Step, Params, Out, b, S, D, steps, FIXED_POINT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                     PRECISION: tl.constexpr, ACC: tl.constexpr):
-    """``steps`` iterations for points rm. Per step, with k = k(z, B) (BLOCK_M, S):
+def _preimage_kernel(Z0, Zk, Zn, Bk, Bn, BB, T, Step, Params, Wn, Wk, b, S, D, steps,
+                     FIXED_POINT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    """``steps`` iterations for points row0 + [0, BLOCK_M). Per step, with k = k(z, B) (BLOCK_M, S):
     gd (T = targets):          w = (k - T) k,  z <- z + Step ((sum_s w) z - w B)
     fixed point (T = coeffs a): w = a k,       z <- (w B) / (sum_s w)  where |sum_s w| > tiny
-    Params = [gamma, tiny] in the compute dtype."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    row_ok = rm < b
-    z_mask = row_ok[:, None] & (rd[None, :] < D)
-    z_offs = rm.to(tl.int64)[:, None] * D + rd[None, :]
-    z = tl.load(Z0 + z_offs, mask=z_mask, other=0.0).to(ACC)
+
+    Every 2-D operand is a tensor descriptor (TMA on Hopper: no address registers, zero fill
+    past the edges), named by its block: Z0 (z0) and Zn (the iterate, in the output) and T, Wn
+    (the scratch w) in (BLOCK_M, BLOCK_N) blocks; Zk, Wk in (BLOCK_M, BLOCK_K); Bk in
+    (BLOCK_N, BLOCK_K), Bn in (BLOCK_K, BLOCK_N). BB = |b_s|^2 (S,); Params = [gamma, tiny]."""
+    row0 = tl.program_id(0) * BLOCK_M
+    lm = tl.arange(0, BLOCK_M)
+    row_ok = lm < b - row0
+    rn = tl.arange(0, BLOCK_N)
     gamma = tl.load(Params)
     tiny = tl.load(Params + 1)
     if not FIXED_POINT:
-        step = tl.load(Step + rm, mask=row_ok, other=0.0).to(ACC)
+        step = tl.load(Step + row0 + lm, mask=row_ok, other=0.0).to(ACC)
+    # z0 -> the output (the iterate's home) and |z|^2
+    zz = tl.zeros((BLOCK_M,), dtype=ACC)
+    for d0 in range(0, D, BLOCK_N):
+        z = Z0.load([row0, d0]).to(ACC)
+        Zn.store([row0, d0], z.to(Zn.dtype))
+        zz += tl.sum(z * z, 1)
+    tl.debug_barrier()
     for _ in range(steps):
-        zz = tl.sum(z * z, 1)
+        # 1. w = f(k(z, B)) tile by tile of S, into W; its row sums
         wsum = tl.zeros((BLOCK_M,), dtype=ACC)
-        wb = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC)
-        for s0 in range(0, S, BLOCK_S):
-            rs = s0 + tl.arange(0, BLOCK_S)
-            s_ok = rs < S
-            bt = tl.load(B + rs.to(tl.int64)[:, None] * D + rd[None, :],
-                         mask=s_ok[:, None] & (rd[None, :] < D), other=0.0).to(ACC)
-            zb = tl.dot(z, tl.trans(bt), input_precision=PRECISION)
-            d2 = tl.maximum(zz[:, None] + tl.sum(bt * bt, 1)[None, :] - 2.0 * zb, 0.0)
-            k = tl.exp(-gamma * d2)
-            t = tl.load(T + rm.to(tl.int64)[:, None] * S + rs[None, :],
-                        mask=row_ok[:, None] & s_ok[None, :], other=0.0).to(ACC)
+        for s0 in range(0, S, BLOCK_N):
+            zb = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+            for k0 in range(0, D, BLOCK_K):
+                zb = tl.dot(Zk.load([row0, k0]).to(ACC), tl.trans(Bk.load([s0, k0]).to(ACC)), zb,
+                            input_precision=PRECISION)
+            s_ok = s0 + rn < S
+            bb = tl.load(BB + s0 + rn, mask=s_ok, other=0.0)
+            k = tl.exp(-gamma * tl.maximum(zz[:, None] + bb[None, :] - 2.0 * zb, 0.0))
+            ts = T.load([row0, s0]).to(ACC)
             if FIXED_POINT:
-                w = t * k
+                w = ts * k
             else:
-                w = (k - t) * k
-            w = tl.where(s_ok[None, :], w, 0.0)
+                w = (k - ts) * k
+            w = tl.where(s_ok[None, :], w, 0.0)  # B's zero-filled rows past S have k != 0
             wsum += tl.sum(w, 1)
-            wb = tl.dot(w, bt, wb, input_precision=PRECISION)
+            Wn.store([row0, s0], w)
+        tl.debug_barrier()  # W complete before any thread reads it; every read of z done
+        # 2. w B, BLOCK_N columns of z at a time, and the update of those columns
         if FIXED_POINT:
             # a vanishing denominator has no fixed point: keep the iterate (as the reference)
             ok = tl.abs(wsum) > tiny
-            z = tl.where(ok[:, None], wb / tl.where(ok, wsum, 1.0)[:, None], z)
-        else:
-            z = z + step[:, None] * (wsum[:, None] * z - wb)
-    tl.store(Out + z_offs, z.to(Out.dtype.element_ty), mask=z_mask)
+            den = tl.where(ok, wsum, 1.0)
+        zz = tl.zeros((BLOCK_M,), dtype=ACC)
+        for d0 in range(0, D, BLOCK_N):
+            wb = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+            for k0 in range(0, S, BLOCK_K):
+                wb = tl.dot(Wk.load([row0, k0]), Bn.load([k0, d0]).to(ACC), wb,
+                            input_precision=PRECISION)
+            z = Zn.load([row0, d0]).to(ACC)
+            if FIXED_POINT:
+                z = tl.where(ok[:, None], wb / den[:, None], z)
+            else:
+                z = z + step[:, None] * (wsum[:, None] * z - wb)
+            zz += tl.sum(z * z, 1)
+            Zn.store([row0, d0], z.to(Zn.dtype))
+        tl.debug_barrier()  # the new z complete before the next step reads it
 
 
 # ------------------------------------------------------------------------------------ launchers
 
-def _launch(Z0, B, T, step, gamma: float, steps: int, fixed_point: bool, precision: str):
-    """The fused solver's result, or None (after a warning) when it does not fit on chip."""
-    Z0, B, T = Z0.contiguous(), B.contiguous(), T.contiguous()
-    b, D = Z0.shape
-    S = B.shape[0]
-    out = C.empty((b, D), Z0.dtype, Z0.device)
-    if b == 0:
-        return out
-    method = "fixed_point" if fixed_point else "gd"
-    if D > MAX_D[Z0.dtype]:
-        return _fallback(method, f"D={D} > {MAX_D[Z0.dtype]} for {Z0.dtype}")
-    tiny = torch.finfo(Z0.dtype).tiny ** 0.5
-    BLOCK_D = C.block(D, 16, 1024)
-    f64 = Z0.dtype == torch.float64
-    # registers per thread stay ~flat: z, w B and a B tile each hold BLOCK_M (or BLOCK_S) x D
-    num_warps = 4 if BLOCK_D <= 128 else (8 if BLOCK_D <= 512 else 16)
-    try:
-        _preimage_kernel[(triton.cdiv(b, 16),)](
-            Z0, B, T, step if step is not None else Z0,
-            C.scalars(Z0.device, Z0.dtype, gamma, tiny), out, b, S, D, int(steps),
-            FIXED_POINT=fixed_point, BLOCK_M=16, BLOCK_S=16 if (f64 or BLOCK_D > 256) else 32,
-            BLOCK_D=BLOCK_D, PRECISION=C.dot_precision(Z0.dtype, precision),
-            ACC=C.acc_type(Z0.dtype), num_warps=num_warps, num_stages=2)
-    except triton.runtime.errors.OutOfResources as exc:
-        return _fallback(method, f"D={D} does not fit this GPU ({exc})")
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t (rows, cols), contiguous with 16-byte-aligned rows and base (what a tensor descriptor
+    needs): t itself when it already is, else a zero-padded copy whose extra columns the kernel
+    never reads (its descriptors keep the true width)."""
+    t = t.contiguous()
+    per16 = 16 // t.element_size()
+    if t.shape[1] % per16 == 0 and t.data_ptr() % 16 == 0:
+        return t
+    out = torch.zeros((t.shape[0], triton.cdiv(t.shape[1], per16) * per16), dtype=t.dtype,
+                      device=t.device)
+    out[:, :t.shape[1]] = t
     return out
 
 
-def _fallback(method: str, why: str) -> None:
-    warnings.warn(f"Triton pre-image ({method}) keeps each point's iterate on chip: {why}; "
-                  "running the torch reference instead", RuntimeWarning, stacklevel=4)
-    return None
+def _desc(t: torch.Tensor, cols: int, block) -> TensorDescriptor:
+    return TensorDescriptor(t, [t.shape[0], cols], [t.stride(0), 1], list(block))
+
+
+def _tiles(dtype: torch.dtype, dot: str) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps). Tensor cores (tf32, tf32x3): 128 x 128 output tiles
+    over two warpgroups, each on wgmma's 64 rows, so every B tile serves 128 points per product;
+    float64 (DMMA, no wgmma) 64 x 64; float32 "ieee" (FFMA) 64 x 128 over 8 warps (128 x 128 at
+    ieee spills: its FMA operands sit in registers). benchmarks/NOTES.md section 10."""
+    if dtype == torch.float64:
+        return 64, 64, 16, 4
+    return (64, 128, 16, 8) if dot == "ieee" else (128, 128, 32, 8)
+
+
+def _launch(Z0, B, T, step, gamma: float, steps: int, fixed_point: bool, precision: str):
+    b, D = Z0.shape
+    S = B.shape[0]
+    if b == 0:
+        return C.empty((b, D), Z0.dtype, Z0.device)
+    acc = C.compute_dtype(Z0.dtype)
+    Bc = B.to(acc)
+    bb = (Bc * Bc).sum(1)
+    Z0, B, T = _aligned(Z0), _aligned(B), _aligned(T)
+    # the iterate lives in the output: padded like Z0 when D's rows are not 16-byte aligned
+    out = C.empty(Z0.shape, Z0.dtype, Z0.device)
+    w = C.empty(T.shape, acc, Z0.device)
+    tiny = torch.finfo(Z0.dtype).tiny ** 0.5
+    # (128, 128) output tiles over two warpgroups (each on wgmma's 64 rows): every B tile serves
+    # 128 points per product; float64 (DMMA: no wgmma) (64, 64). benchmarks/NOTES.md section 10.
+    dot = C.dot_precision(Z0.dtype, precision)
+    BM, BN, BK, warps = _tiles(Z0.dtype, dot)
+    _preimage_kernel[(triton.cdiv(b, BM),)](
+        _desc(Z0, D, (BM, BN)), _desc(out, D, (BM, BK)), _desc(out, D, (BM, BN)),
+        _desc(B, D, (BN, BK)), _desc(B, D, (BK, BN)), bb, _desc(T, S, (BM, BN)),
+        step if step is not None else bb, C.scalars(Z0.device, Z0.dtype, gamma, tiny),
+        _desc(w, S, (BM, BN)), _desc(w, S, (BM, BK)), b, S, D, int(steps),
+        FIXED_POINT=fixed_point, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
+        PRECISION=dot, ACC=C.acc_type(Z0.dtype),
+        num_warps=warps, num_stages=3)
+    return out if out.shape[1] == D else out[:, :D].contiguous()
 
 
 def preimage_gd(Z0, B, T, gamma: float, steps: int, lr: torch.Tensor, precision: str = C.DEFAULT_PRECISION):
     """Same contract as geomkern.ops.preimage.gd_reference; lr: (b,) per-point steps."""
     step = (4.0 * gamma * lr).contiguous()  # the reference's step, computed the same way
-    out = _launch(Z0, B, T, step, gamma, steps, False, precision)
-    return gd_reference(Z0, B, T, gamma, steps, lr) if out is None else out
+    return _launch(Z0, B, T, step, gamma, steps, False, precision)
 
 
 def preimage_fixed_point(Z0, B, A, gamma: float, steps: int, precision: str = C.DEFAULT_PRECISION):
     """Same contract as geomkern.ops.preimage.fixed_point_reference; A: (b, S) coefficients."""
-    out = _launch(Z0, B, A, None, gamma, steps, True, precision)
-    return fixed_point_reference(Z0, B, A, gamma, steps) if out is None else out
+    return _launch(Z0, B, A, None, gamma, steps, True, precision)
 
 
 # --------------------------------------------------------------------------------- registration

@@ -178,12 +178,16 @@ def _rbf_matmul_kernel(X, Y, V, Params, Out, n_x, n_y, D, p, BLOCK_M: tl.constex
 _RESIDENT_D = 128
 
 
-def _tiles(n: int, D: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(square tile edge, K-chunk) for Gram tiles: 64x64x32, 32x32x16 in float64 (twice the bytes
-    per element). Untuned: the GPU benchmark is where larger tiles get measured."""
+def _tiles(n: int, D: int, dtype: torch.dtype, dot: str) -> tuple[int, int, int]:
+    """(square tile edge, K-chunk, num_warps) for Gram tiles. float32 on the tensor cores (tf32,
+    tf32x3): 128x128x32 over two warpgroups (wgmma's 64 rows each): half the L2 bytes per flop of
+    64x64, which the model (benchmarks/gpu_model.py) finds L2-bound; FFMA ("ieee", half types'
+    fallback) 64x64x32 on 4 warps; float64 32x32x16 (twice the bytes per element)."""
     if dtype == torch.float64:
-        return C.block(n, 16, 32), C.block(D, 16, 16)
-    return C.block(n, 16, 64), C.block(D, 16, 32)
+        return C.block(n, 16, 32), C.block(D, 16, 16), 4
+    if dtype == torch.float32 and dot != "ieee":
+        return C.block(n, 16, 128), C.block(D, 16, 32), 8 if n > 64 else 4
+    return C.block(n, 16, 64), C.block(D, 16, 32), 4
 
 
 def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: int, gamma: float,
@@ -202,7 +206,8 @@ def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: i
     dev, dtype = X.device, X.dtype
     m, D = starts.numel(), X.shape[1]
     acc = C.compute_dtype(dtype)
-    BLOCK, BLOCK_K = _tiles(nmax, D, dtype)
+    dot = C.dot_precision(dtype, precision)
+    BLOCK, BLOCK_K, warps = _tiles(nmax, D, dtype, dot)
     nt = triton.cdiv(nmax, BLOCK)
     out = C.empty((m, nmax, nmax), dtype, dev)
     # Centring is done on the float32/float64 Gram, then rounded once to the output dtype.
@@ -214,14 +219,14 @@ def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: i
     _sym_gram_kernel[(m, nt, nt)](
         C.dot_operands(X), starts, sizes, X if shifts is None else shifts.contiguous(), params, raw,
         row_sums, nmax, D, SHIFT=shifts is not None, ROW_SUMS=center,
-        BLOCK=BLOCK, BLOCK_K=BLOCK_K, PRECISION=C.dot_precision(dtype, precision),
-        ACC=C.acc_type(dtype))
+        BLOCK=BLOCK, BLOCK_K=BLOCK_K, PRECISION=dot, ACC=C.acc_type(dtype), num_warps=warps)
     if not center:
         return out, None
     n = sizes.to(acc).clamp_min(1)
     row_means = row_sums.sum(1) / n[:, None]
     totals = row_means.sum(1) / n
-    _center_kernel[(m, nt, nt)](raw, out, row_means, totals, sizes, nmax, BLOCK=BLOCK)
+    _center_kernel[(m, nt, nt)](raw, out, row_means, totals, sizes, nmax, BLOCK=BLOCK,
+                                num_warps=warps)
     return out, row_means
 
 
@@ -240,11 +245,12 @@ def rbf_gram(X, Y, gamma: float, center: bool, precision: str = C.DEFAULT_PRECIS
     out = C.empty((n, m), X.dtype, dev)
     if n == 0 or m == 0:
         return out
-    BLOCK, BLOCK_K = _tiles(max(n, m), D, X.dtype)
+    dot = C.dot_precision(X.dtype, precision)
+    BLOCK, BLOCK_K, warps = _tiles(max(n, m), D, X.dtype, dot)
     _cross_gram_kernel[(triton.cdiv(n, BLOCK), triton.cdiv(m, BLOCK))](
         C.dot_operands(X), C.dot_operands(Y), C.scalars(dev, X.dtype, gamma), out, n, m, D,
-        BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK_K,
-        PRECISION=C.dot_precision(X.dtype, precision), ACC=C.acc_type(X.dtype))
+        BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK_K, PRECISION=dot, ACC=C.acc_type(X.dtype),
+        num_warps=warps)
     return out
 
 
