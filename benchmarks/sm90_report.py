@@ -477,47 +477,64 @@ def _work_segment_mean(a, grid):
 
 
 def _work_rbf_matmul(a, grid):
+    """grid (row tiles, p tiles, Y splits): program (i, q, s) streams the Y rows of chunk s
+    (y_chunk rows) and writes a partial (BLOCK_M, BLOCK_P) tile; the splits' partials are summed
+    afterwards (a torch sum, priced here as its HBM bytes)."""
     X, V, Out = a["X"], a["V"], a["Out"]
     nx, ny, D, p = a["n_x"], a["n_y"], a["D"], a["p"]
+    chunk = a.get("y_chunk", ny)
     BM, BN, BD, BP = a["BLOCK_M"], a["BLOCK_N"], a["BLOCK_D"], a["BLOCK_P"]
     e = _esize(X)
     kdim = BD if a["X_RESIDENT"] else _cdiv(D, BD) * BD
-    it = _cdiv(ny, BN)
     macs, l2, ex = [], [], []
-    for q in range(grid[1]):
-        for i in range(grid[0]):
-            rx = _clamp(nx - i * BM, 0, BM)
-            pc = _clamp(p - q * BP, 0, BP)
-            x_bytes = rx * D * e * (1 if a["X_RESIDENT"] else it)
-            macs.append(it * BM * BN * (kdim + BP))
-            l2.append(x_bytes + ny * D * e + ny * pc * e + rx * pc * _esize(Out))
-            ex.append(it * BM * BN)
-    hbm = (nx + ny) * D * e + ny * p * e + nx * p * _esize(Out)
-    op = {"flops": 2.0 * nx * ny * (D + p), "bytes": hbm, "exps": float(nx * ny)}
+    for s in range(grid[2]):
+        rows = _clamp(ny - s * chunk, 0, chunk)
+        it = _cdiv(rows, BN)
+        for q in range(grid[1]):
+            for i in range(grid[0]):
+                rx = _clamp(nx - i * BM, 0, BM)
+                pc = _clamp(p - q * BP, 0, BP)
+                x_bytes = rx * D * e * (1 if a["X_RESIDENT"] else it)
+                macs.append(it * BM * BN * (kdim + BP))
+                l2.append(x_bytes + rows * D * e + rows * pc * e + rx * pc * _esize(Out))
+                ex.append(it * BM * BN)
+    splits = grid[2]
+    partial = (2 * splits * nx * p * _esize(Out)) if splits > 1 else 0  # write + sum's read
+    hbm = (nx + ny) * D * e + ny * p * e + nx * p * _esize(Out) + partial
+    op = {"flops": 2.0 * nx * ny * (D + p), "bytes": (nx + ny) * D * e + ny * p * e + nx * p * e,
+          "exps": float(nx * ny)}
     return gm.Work(macs, l2, ex, hbm, BM * BN), op
 
 
 def _work_projection(a, grid):
+    """grid (segments x SPLITS, S tiles, component tiles): program (j, split) takes segment j's
+    BLOCK_A-row tiles split, split + SPLITS, ...; each row tile re-reads its X rows and the
+    (BLOCK_S, D) B tile through L2; the splits' partial outputs are summed afterwards (HBM)."""
     X, B, Al, Out = a["X"], a["B"], a["Alphas"], a["Out"]
     off = _ints(a["Offsets"])
     D, S, d = a["D"], a["S"], a["d"]
+    P = a.get("SPLITS", 1)
     BA, BS, BK, BC = a["BLOCK_A"], a["BLOCK_S"], a["BLOCK_K"], a["BLOCK_C"]
     e = _esize(X)
     macs, l2, ex = [], [], []
     for cb in range(grid[2]):
         for sb in range(grid[1]):
-            for j in range(grid[0]):
+            for g in range(grid[0]):
+                j, split = divmod(g, P)
                 n = off[j + 1] - off[j]
-                it = _cdiv(n, BA)
+                it = len(range(split * BA, n, P * BA))
+                rows = sum(_clamp(n - t * BA, 0, BA) for t in range(split, _cdiv(n, BA), P))
                 sc = _clamp(S - sb * BS, 0, BS)
                 dc = _clamp(d - cb * BC, 0, BC)
                 macs.append(it * (BA * BS * _cdiv(D, BK) * BK + BC * BA * BS))
-                # X rows and the B tile are both re-read for every BLOCK_A rows
-                l2.append(n * D * e + it * sc * D * e + n * dc * _esize(Al) + dc * sc * _esize(Out))
+                # X rows and the B tile are both read for every BLOCK_A rows
+                l2.append(rows * D * e + it * sc * D * e + rows * dc * _esize(Al)
+                          + dc * sc * _esize(Out))
                 ex.append(it * BA * BS)
     N, m = off[-1], len(off) - 1
-    hbm = N * D * e + S * D * e + N * d * _esize(Al) + m * d * S * _esize(Out)
-    op = {"flops": 2.0 * N * S * D + 2.0 * N * d * S, "bytes": hbm, "exps": float(N * S)}
+    hbm_min = N * D * e + S * D * e + N * d * _esize(Al) + m * d * S * e
+    hbm = hbm_min + (2 * P * m * d * S * _esize(Out) if P > 1 else 0)
+    op = {"flops": 2.0 * N * S * D + 2.0 * N * d * S, "bytes": hbm_min, "exps": float(N * S)}
     return gm.Work(macs, l2, ex, hbm, BA * BS), op
 
 

@@ -396,6 +396,14 @@ def test_rbf_matmul(device, dtype, n, m, p, D, seed, run):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision,D", (("ieee", 5), ("tf32x3", 5), ("tf32x3", 200)))
+def test_rbf_matmul_split_over_y(device, precision, D, seed, run):
+    # 2,100 Y rows for 20 X rows: one row tile, so the launcher splits Y into chunks (a third grid
+    # axis, partial products summed after) to fill the SMs; float32 (the split is dtype-blind)
+    run(_check_rbf_matmul, device, torch.float32, 20, 2100, 3, D, precision, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("center", (False, True))
 @pytest.mark.parametrize("sizes", ([1], [7, 0, 33, 2], [0, 40, 17]), ids=str)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
@@ -418,6 +426,14 @@ def test_kpca_matches_reference(device, dtype, solver, seed, run):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_project_onto_basis(device, dtype, sizes, S, d, seed, run):
     run(_check_project_onto_basis, device, dtype, sizes, S, d, 7, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_project_onto_basis_split_rows(device, dtype, seed, run):
+    # segments of 300 and 260 rows (several 128-row tiles) and an empty one: the launcher splits
+    # each segment's row tiles over programs (partials summed after) to fill the SMs
+    run(_check_project_onto_basis, device, dtype, [300, 0, 260], 20, 3, 7, seed)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -13,25 +13,39 @@ import triton.language as tl
 from ... import _dispatch
 from ...ops.kmeans import lloyd
 from . import _common as C
-from .rbf import _sqdist_tile
+from .rbf import sm_count
 
 
 @triton.jit
-def _assign_kernel(X, Cen, Labels, n, k, D, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+def _assign_kernel(X, Cen, CC, Labels, n, k, D, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
                    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
     """Labels[g, rows] = argmin_c |X[g, row] - Cen[g, c]|^2 (clamped at 0 like the reference),
     the first index on ties: within a tile by tl.min's left tie-break, across tiles because a
-    later tile must be strictly smaller to win."""
+    later tile must be strictly smaller to win. CC: the centres' squared norms (m, k), computed
+    by the launcher (k rows: summing them here from register copies spilled the 256-row tile);
+    the rows' norms are summed here from the chunks that feed the dot."""
     g = tl.program_id(0).to(tl.int64)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     Xg = X + g * n * D
     Cg = Cen + g * k * D
+    rk = tl.arange(0, BLOCK_K)
+    x_rows = Xg + rm.to(tl.int64)[:, None] * D
     best = tl.full((BLOCK_M,), float("inf"), dtype=ACC)
     best_i = tl.zeros((BLOCK_M,), dtype=tl.int64)
     for c0 in range(0, k, BLOCK_C):
         rc = c0 + tl.arange(0, BLOCK_C)
-        d2 = _sqdist_tile(Xg, Cg, rm, rc, n, k, D, X, False, BLOCK_M, BLOCK_C, BLOCK_K, PRECISION,
-                          ACC)
+        c_rows = Cg + rc.to(tl.int64)[:, None] * D
+        xy = tl.zeros((BLOCK_M, BLOCK_C), dtype=ACC)
+        xx = tl.zeros((BLOCK_M,), dtype=ACC)
+        for k0 in range(0, D, BLOCK_K):
+            kk = k0 + rk
+            x = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < n) & (kk[None, :] < D), other=0.0)
+            c = tl.load(c_rows + kk[None, :], mask=(rc[:, None] < k) & (kk[None, :] < D), other=0.0)
+            xf = x.to(ACC)
+            xx += tl.sum(xf * xf, 1)
+            xy = tl.dot(x, tl.trans(c), xy, input_precision=PRECISION)
+        cc = tl.load(CC + g * k + rc, mask=rc < k, other=0.0)
+        d2 = tl.maximum(xx[:, None] + cc[None, :] - 2.0 * xy, 0.0)
         d2 = tl.where(rc[None, :] < k, d2, float("inf"))
         tile_min, tile_arg = tl.min(d2, 1, return_indices=True)
         better = tile_min < best
@@ -41,6 +55,24 @@ def _assign_kernel(X, Cen, Labels, n, k, D, BLOCK_M: tl.constexpr, BLOCK_C: tl.c
 
 
 # ------------------------------------------------------------------------------------ launchers
+
+def _rows_per_tile(m: int, n: int, k: int, block_c: int, sms: int) -> int:
+    """BLOCK_M for the tensor-core assign (the kernel reads its X rows once and all k centres once
+    per program, so it is bound by those bytes): the tile whose busiest SM moves the fewest,
+    ceil(programs / sms) * (BLOCK_M + k) rows, as benchmarks/gpu_model.py prices it; ties go to
+    the smaller tile. 256-row tiles (k = 64, 10 x 5,000 points: 2 waves of 320 rows against 6 of
+    128, model 1.08x the roofline instead of 1.28x) spill in the hot loop at tf32x3 (the operands'
+    hi/lo split in registers, 9 local-memory ops per iteration at 8 warps, 15 at 16), so they are
+    not offered (NOTES.md section 11)."""
+    kc = triton.cdiv(k, block_c) * block_c
+    best = None
+    for bm in (64, 128):
+        bm = C.block(n, 16, bm)
+        cost = triton.cdiv(m * triton.cdiv(n, bm), sms) * (bm + kc)
+        if best is None or cost < best[0]:
+            best = (cost, bm)
+    return best[1]
+
 
 def assign(X: torch.Tensor, centers: torch.Tensor, precision: str = C.DEFAULT_PRECISION) -> torch.Tensor:
     """Index of the nearest centre (squared Euclidean, first on ties) for every point.
@@ -58,11 +90,18 @@ def assign(X: torch.Tensor, centers: torch.Tensor, precision: str = C.DEFAULT_PR
     labels = C.empty((m, n), torch.int64, X.device)
     if labels.numel():
         f64 = X.dtype == torch.float64
-        BLOCK_M = C.block(n, 16, 32 if f64 else 64)
+        dot = C.dot_precision(X.dtype, precision)
+        BLOCK_C = C.block(k, 16, 32 if f64 else 64)
+        if X.dtype == torch.float32 and dot != "ieee":
+            BLOCK_M = _rows_per_tile(m, n, k, BLOCK_C, sm_count(X))
+        else:
+            BLOCK_M = C.block(n, 16, 32 if f64 else 64)
+        acc = C.compute_dtype(X.dtype)
+        cc = (Cb.to(acc) ** 2).sum(2)
         _assign_kernel[(m, triton.cdiv(n, BLOCK_M))](
-            Xb, Cb, labels, n, k, D, BLOCK_M=BLOCK_M, BLOCK_C=C.block(k, 16, 32 if f64 else 64),
-            BLOCK_K=16 if f64 else 32, PRECISION=C.dot_precision(X.dtype, precision),
-            ACC=C.acc_type(X.dtype))
+            Xb, Cb, cc, labels, n, k, D, BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C,
+            BLOCK_K=16 if f64 else 32, PRECISION=dot, ACC=C.acc_type(X.dtype),
+            num_warps=8 if BLOCK_M >= 256 else 4)
     return labels if batched else labels[0]
 
 

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ... import _dispatch
 from . import _common as C
-from .rbf import _sqdist_tile, sym_gram
+from .rbf import _sqdist_tile, sm_count, sym_gram, wave_splits
 
 
 @triton.jit
@@ -35,29 +35,34 @@ def _segment_mean_kernel(X, Starts, Ends, Out, D, BLOCK_R: tl.constexpr, BLOCK_D
 
 
 @triton.jit
-def _projection_kernel(X, Alphas, Offsets, B, Params, Out, D, S, d, BLOCK_A: tl.constexpr,
-                       BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
-                       PRECISION: tl.constexpr, ACC: tl.constexpr):
-    """Out[j, :, cols] = Alphas[rows of j]^T @ K(X[rows of j], B[cols]): the segment's rows are
-    streamed in BLOCK_A tiles, each K tile is consumed by a second tl.dot in registers."""
-    j = tl.program_id(0)
+def _projection_kernel(X, Alphas, Offsets, B, Params, Out, D, S, d, SPLITS,
+                       BLOCK_A: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
+                       BLOCK_C: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    """Out[split, j, cols, s] = sum over this program's row tiles of segment j of
+    K(B[s], X[rows]) @ Alphas[rows, cols]: program (j * SPLITS + split) takes the segment's
+    BLOCK_A-row tiles split, split + SPLITS, ... (the launcher sums the splits in a fixed order).
+    The K tile is built transposed, (BLOCK_S, BLOCK_A), so the second product has the basis
+    tile's rows as its M dimension (wgmma's 64-row minimum) and the few components as N."""
+    j = tl.program_id(0) // SPLITS
+    split = tl.program_id(0) % SPLITS
     rs = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     rc = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     start = tl.load(Offsets + j)
     end = tl.load(Offsets + j + 1)
     gamma = tl.load(Params)
-    acc = tl.zeros((BLOCK_C, BLOCK_S), dtype=ACC)
-    for a0 in range(start, end, BLOCK_A):
+    acc = tl.zeros((BLOCK_S, BLOCK_C), dtype=ACC)
+    for a0 in range(start + split * BLOCK_A, end, SPLITS * BLOCK_A):
         ra = a0 + tl.arange(0, BLOCK_A)
-        d2 = _sqdist_tile(X, B, ra, rs, end, S, D, X, False, BLOCK_A, BLOCK_S, BLOCK_K, PRECISION,
-                          ACC)
-        k = tl.where(ra[:, None] < end, tl.exp(-gamma * d2), 0.0)
-        # alpha^T tile (BLOCK_C, BLOCK_A); components past d are zero rows of the dot
-        a = tl.load(Alphas + ra.to(tl.int64)[None, :] * d + rc[:, None],
-                    mask=(ra[None, :] < end) & (rc[:, None] < d), other=0.0)
-        acc = tl.dot(a.to(ACC), k, acc, input_precision=PRECISION)
-    tl.store(Out + j.to(tl.int64) * d * S + rc[:, None] * S + rs[None, :],
-             acc.to(Out.dtype.element_ty), mask=(rc[:, None] < d) & (rs[None, :] < S))
+        d2 = _sqdist_tile(B, X, rs, ra, S, end, D, X, False, BLOCK_S, BLOCK_A, BLOCK_K,
+                          PRECISION, ACC)
+        k = tl.where(ra[None, :] < end, tl.exp(-gamma * d2), 0.0)
+        # components past d are zero columns of the dot
+        a = tl.load(Alphas + ra.to(tl.int64)[:, None] * d + rc[None, :],
+                    mask=(ra[:, None] < end) & (rc[None, :] < d), other=0.0)
+        acc = tl.dot(k.to(Alphas.dtype.element_ty), a, acc, input_precision=PRECISION)
+    Oj = Out + (split.to(tl.int64) * tl.num_programs(0) // SPLITS + j) * d * S
+    tl.store(Oj + rc[None, :] * S + rs[:, None], acc.to(Out.dtype.element_ty),
+             mask=(rc[None, :] < d) & (rs[:, None] < S))
 
 
 # ------------------------------------------------------------------------------------ launchers
@@ -112,12 +117,29 @@ def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = C.D
     if out.numel() == 0:
         return out
     f64 = X.dtype == torch.float64
-    BLOCK_S = C.block(S, 16, 32 if f64 else 64)
+    dot = C.dot_precision(X.dtype, precision)
+    if X.dtype == torch.float32 and dot != "ieee":
+        # tensor cores: 128 x 128 K tiles over two warpgroups, 32 flops per L2 byte (64 x 64: 16,
+        # which the model found L2-bound; NOTES.md section 11)
+        BLOCK_S, BLOCK_A, BLOCK_K = C.block(S, 16, 128), 128, 32
+        warps = 8 if BLOCK_S >= 128 else 4
+    else:
+        BLOCK_S, BLOCK_A, BLOCK_K = C.block(S, 16, 32 if f64 else 64), 32 if f64 else 64, 16 if f64 else 32
+        warps = 4
     BLOCK_C = C.block(d, 16, 64)
-    _projection_kernel[(m, triton.cdiv(S, BLOCK_S), triton.cdiv(d, BLOCK_C))](
-        X, alphas, offsets, B, C.scalars(X.device, X.dtype, gamma), out, D, S, d,
-        BLOCK_A=32 if f64 else 64, BLOCK_S=BLOCK_S, BLOCK_K=16 if f64 else 32, BLOCK_C=BLOCK_C,
-        PRECISION=C.dot_precision(X.dtype, precision), ACC=C.acc_type(X.dtype))
+    units = m * triton.cdiv(S, BLOCK_S) * triton.cdiv(d, BLOCK_C)
+    # split each segment's row tiles over several programs when the grid would leave a partial
+    # wave (20 segments x 4 basis tiles = 80 programs on 132 SMs); the average segment size
+    # bounds the split (no host sync on the offsets)
+    splits = wave_splits(units, triton.cdiv(triton.cdiv(X.shape[0], max(m, 1)), BLOCK_A),
+                         sm_count(X))
+    part = out if splits == 1 else C.empty((splits, m, d, S), C.compute_dtype(X.dtype), X.device)
+    _projection_kernel[(m * splits, triton.cdiv(S, BLOCK_S), triton.cdiv(d, BLOCK_C))](
+        X, alphas, offsets, B, C.scalars(X.device, X.dtype, gamma), part, D, S, d, splits,
+        BLOCK_A=BLOCK_A, BLOCK_S=BLOCK_S, BLOCK_K=BLOCK_K, BLOCK_C=BLOCK_C,
+        PRECISION=dot, ACC=C.acc_type(X.dtype), num_warps=warps)
+    if splits > 1:
+        out.copy_(part.sum(0))
     return out
 
 

@@ -134,41 +134,58 @@ def _center_kernel(K, Out, RowMeans, Totals, Sizes, nmax, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rbf_matmul_kernel(X, Y, V, Params, Out, n_x, n_y, D, p, BLOCK_M: tl.constexpr,
+def _rbf_matmul_kernel(X, Y, V, XX, YY, Params, Out, n_x, n_y, D, p, y_chunk,
+                       BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
                        X_RESIDENT: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
-    """Out[rows, cols] = sum over Y tiles of exp(-gamma d2(X tile, Y tile)) @ V tile, flash-
-    attention style: the K tile lives only in registers. X_RESIDENT: the whole (BLOCK_M, D) X
-    tile and its norms are loaded once (D <= BLOCK_D); otherwise X is streamed in BLOCK_D chunks
-    with each Y tile."""
+    """Out[split, rows, cols] = sum over the Y tiles of this program's chunk (rows
+    split * y_chunk : (split + 1) * y_chunk of Y) of exp(-gamma d2(X tile, Y tile)) @ V tile,
+    flash-attention style: the K tile lives only in registers. The launcher sums the splits (a
+    fixed order: deterministic). XX, YY: the rows' squared norms (computed once by the launcher:
+    summing them here from register copies of the tiles cost the 128 x 128 kernel its registers
+    and spilled). X_RESIDENT: the whole (BLOCK_M, D) X tile is loaded once (D <= BLOCK_D);
+    otherwise X is streamed in BLOCK_D chunks with each Y tile."""
     pid_m = tl.program_id(0)
     pid_p = tl.program_id(1)
+    pid_s = tl.program_id(2)
     gamma = tl.load(Params)
+    n_lo = pid_s * y_chunk
+    n_hi = tl.minimum(n_y, n_lo + y_chunk)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rp = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=ACC)
+    xx = tl.load(XX + rm, mask=rm < n_x, other=0.0)
     if X_RESIDENT:
         rd = tl.arange(0, BLOCK_D)
         x = tl.load(X + rm.to(tl.int64)[:, None] * D + rd[None, :],
                     mask=(rm[:, None] < n_x) & (rd[None, :] < D), other=0.0)
-        xf = x.to(ACC)
-        xx = tl.sum(xf * xf, 1)
-    for n0 in range(0, n_y, BLOCK_N):
+    else:
+        x_rows = X + rm.to(tl.int64)[:, None] * D
+        rk = tl.arange(0, BLOCK_D)
+    for n0 in range(n_lo, n_hi, BLOCK_N):
         rn = n0 + tl.arange(0, BLOCK_N)
+        yy = tl.load(YY + rn, mask=rn < n_hi, other=0.0)
         if X_RESIDENT:
             y = tl.load(Y + rn.to(tl.int64)[:, None] * D + rd[None, :],
-                        mask=(rn[:, None] < n_y) & (rd[None, :] < D), other=0.0)
-            yf = y.to(ACC)
+                        mask=(rn[:, None] < n_hi) & (rd[None, :] < D), other=0.0)
             xy = tl.dot(x, tl.trans(y), input_precision=PRECISION)
-            d2 = tl.maximum(xx[:, None] + tl.sum(yf * yf, 1)[None, :] - 2.0 * xy, 0.0)
         else:
-            d2 = _sqdist_tile(X, Y, rm, rn, n_x, n_y, D, X, False, BLOCK_M, BLOCK_N, BLOCK_D,
-                              PRECISION, ACC)
-        k = tl.where(rn[None, :] < n_y, tl.exp(-gamma * d2), 0.0)
+            y_rows = Y + rn.to(tl.int64)[:, None] * D
+            xy = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+            for k0 in range(0, D, BLOCK_D):
+                kk = k0 + rk
+                xc = tl.load(x_rows + kk[None, :], mask=(rm[:, None] < n_x) & (kk[None, :] < D),
+                             other=0.0)
+                yc = tl.load(y_rows + kk[None, :], mask=(rn[:, None] < n_hi) & (kk[None, :] < D),
+                             other=0.0)
+                xy = tl.dot(xc, tl.trans(yc), xy, input_precision=PRECISION)
+        d2 = tl.maximum(xx[:, None] + yy[None, :] - 2.0 * xy, 0.0)
+        k = tl.where(rn[None, :] < n_hi, tl.exp(-gamma * d2), 0.0)
         v = tl.load(V + rn.to(tl.int64)[:, None] * p + rp[None, :],
-                    mask=(rn[:, None] < n_y) & (rp[None, :] < p), other=0.0)
+                    mask=(rn[:, None] < n_hi) & (rp[None, :] < p), other=0.0)
         acc = tl.dot(k.to(V.dtype.element_ty), v, acc, input_precision=PRECISION)
-    tl.store(Out + rm.to(tl.int64)[:, None] * p + rp[None, :], acc.to(Out.dtype.element_ty),
+    Os = Out + pid_s.to(tl.int64) * n_x * p
+    tl.store(Os + rm.to(tl.int64)[:, None] * p + rp[None, :], acc.to(Out.dtype.element_ty),
              mask=(rm[:, None] < n_x) & (rp[None, :] < p))
 
 
@@ -254,8 +271,43 @@ def rbf_gram(X, Y, gamma: float, center: bool, precision: str = C.DEFAULT_PRECIS
     return out
 
 
+def sm_count(t: torch.Tensor) -> int:
+    """Multiprocessors of t's GPU; an H100 SXM's 132 where there is none (the interpreter, the
+    sm_90 compile report): the count the grids below are shaped for."""
+    if t.is_cuda and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(t.device).multi_processor_count
+    return 132
+
+
+def wave_splits(units: int, max_splits: int, sms: int, tolerance: float = 1.05) -> int:
+    """How many ways to split each of ``units`` equal programs (a reduction split, summed after)
+    so the grid fills whole waves on ``sms`` SMs: the smallest split count whose wave
+    quantisation ceil(g / sms) / (g / sms), g = units * split, is within ``tolerance``, else the
+    best one up to ``max_splits`` (benchmarks/gpu_model.py prices a launch by this makespan)."""
+    best_q, best = None, 1
+    for s in range(1, max(1, max_splits) + 1):
+        g = units * s
+        q = -(-g // sms) / (g / sms)
+        if q <= tolerance:
+            return s
+        if best_q is None or q < best_q - 1e-9:
+            best_q, best = q, s
+    return best
+
+
+# rbf_matmul tiles, float32 on the tensor cores: 128 x 128 K tiles over two warpgroups. At D > 128
+# (X streamed with each Y tile) 64 x 64 moved 16 flops per L2 byte, 128 x 128 moves 32: the
+# model had the 64 x 64 kernel L2-bound at 1.85x its dot time (sm90 report, NOTES.md section 11).
+_MATMUL_TC = (128, 128, 8)
+# Each split's Y chunk keeps at least this many BLOCK_N tiles (the partial outputs stay a few
+# percent of the traffic).
+_MIN_TILES_PER_SPLIT = 8
+
+
 def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> torch.Tensor:
-    """K(X, Y) @ V (n, p) for X (n, D), Y (m, D), V (m, p); K is never stored."""
+    """K(X, Y) @ V (n, p) for X (n, D), Y (m, D), V (m, p); K is never stored. Y is split into
+    chunks over a third grid axis when the row tiles alone would leave SMs idle (a partial
+    wave); the chunks' partial products are summed in a fixed order."""
     X, Y, V = X.contiguous(), Y.contiguous(), V.contiguous()
     n, m, D, p = X.shape[0], Y.shape[0], X.shape[1], V.shape[1]
     out = C.empty((n, p), X.dtype, X.device)
@@ -264,14 +316,34 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
     if m == 0:
         return out.zero_()
     f64 = X.dtype == torch.float64
-    BLOCK_M, BLOCK_N = C.block(n, 16, 32 if f64 else 64), C.block(m, 16, 32 if f64 else 64)
+    dot = C.dot_precision(X.dtype, precision)
     resident = D <= _RESIDENT_D
+    if X.dtype == torch.float32 and dot != "ieee":
+        bm, bn, warps = _MATMUL_TC
+        # a resident (128, 128) X tile at tf32x3 needs 270 KB of shared memory (the sm_90 compile
+        # check): past D = 64 the tensor-core kernel streams X in BLOCK_D chunks instead
+        resident = D <= 64
+        BLOCK_M, BLOCK_N = C.block(n, 16, bm), C.block(m, 16, bn)
+        warps = warps if BLOCK_M >= 128 and BLOCK_N >= 64 else 4
+    else:
+        BLOCK_M, BLOCK_N = C.block(n, 16, 32 if f64 else 64), C.block(m, 16, 32 if f64 else 64)
+        warps = 8 if (resident and not f64) else 4
     BLOCK_D = C.block(D, 16, _RESIDENT_D) if resident else (16 if f64 else 32)
     BLOCK_P = C.block(p, 16, 32 if f64 else 64)
-    _rbf_matmul_kernel[(triton.cdiv(n, BLOCK_M), triton.cdiv(p, BLOCK_P))](
-        X, Y, V, C.scalars(X.device, X.dtype, gamma), out, n, m, D, p, BLOCK_M=BLOCK_M,
+    units = triton.cdiv(n, BLOCK_M) * triton.cdiv(p, BLOCK_P)
+    y_tiles = triton.cdiv(m, BLOCK_N)
+    splits = wave_splits(units, y_tiles // _MIN_TILES_PER_SPLIT, sm_count(X))
+    y_chunk = triton.cdiv(y_tiles, splits) * BLOCK_N
+    splits = triton.cdiv(m, y_chunk)
+    part = out if splits == 1 else C.empty((splits, n, p), C.compute_dtype(X.dtype), X.device)
+    acc = C.compute_dtype(X.dtype)
+    xx, yy = (X.to(acc) ** 2).sum(1), (Y.to(acc) ** 2).sum(1)
+    _rbf_matmul_kernel[(triton.cdiv(n, BLOCK_M), triton.cdiv(p, BLOCK_P), splits)](
+        X, Y, V, xx, yy, C.scalars(X.device, X.dtype, gamma), part, n, m, D, p, y_chunk, BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_P=BLOCK_P, X_RESIDENT=resident,
-        PRECISION=C.dot_precision(X.dtype, precision), ACC=C.acc_type(X.dtype))
+        PRECISION=dot, ACC=C.acc_type(X.dtype), num_warps=warps)
+    if splits > 1:
+        out.copy_(part.sum(0))
     return out
 
 
