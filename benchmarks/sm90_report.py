@@ -753,13 +753,22 @@ def _source_constants(text: str) -> dict[str, int]:
 
 def _preimage_tile_points(src: str, S: int, D: int, esize: int) -> int:
     """P the host picks (csrc/cuda/preimage.cu pick_points / smem_elems), constants read from
-    the source: P (D + S) + kTile (kTile + 1) + S + 3 P + kThreads elements must fit."""
-    c = _source_constants(src)
-    tile, threads = c.get("kTile", 32), c.get("kThreads", 256)
+    the source (_preimage_smem_elems) must fit."""
     for P in (32, 16, 8):
-        if (P * (D + S) + tile * (tile + 1) + S + 3 * P + threads) * esize <= gm.SMEM_PER_BLOCK_MAX:
+        if _preimage_smem_elems(src, P, S, D, esize) * esize <= gm.SMEM_PER_BLOCK_MAX:
             return P
     return 0
+
+
+def _preimage_smem_elems(src: str, P: int, S: int, D: int, esize: int) -> int:
+    """csrc/cuda/preimage.cu smem_elems: Z (P x Dp) and W (P x Sp), rows padded to the tile depth
+    KT = P; the B tile, (threads x 4 x 4 / P) rows of KT + one 16-byte vector; |b|^2 (S); 3 P;
+    the row-sum scratch (threads). Register-block sizes read from the source."""
+    c = _source_constants(src)
+    threads = c.get("kThreads", 256)
+    nc = threads * c.get("kBlockRows", 4) * c.get("kBlockCols", 4) // P
+    up = lambda x: _cdiv(x, P) * P  # noqa: E731
+    return P * (up(D) + up(S)) + nc * (P + 16 // esize) + S + 3 * P + threads
 
 
 def _jacobi_launch(src: str, n: int) -> tuple[int, int]:
@@ -770,7 +779,7 @@ def _jacobi_launch(src: str, n: int) -> tuple[int, int]:
     m = n + (n & 1)
     h = m // 2
     matrix = 2 * n * n * 8
-    scratch = (3 * h + nt) * 8 + (2 * h + n) * 4
+    scratch = (3 * h + min(nt, _source_constants(src).get("kRedSlots", nt))) * 8 + (2 * h + n) * 4
     return nt, scratch + (matrix if matrix + scratch <= gm.SMEM_PER_BLOCK_MAX else 0)
 
 
@@ -826,15 +835,17 @@ def cuda_records(procs: dict, log=print) -> list[dict]:
 
 def _cuda_preimage_record(kname, case, dtype, e, P, b, S, D, text, ptx, instrs):
     c = _source_constants(text)
-    threads, tile = c.get("kThreads", 256), c.get("kTile", 32)
-    s32, d32 = _cdiv(S, tile) * tile, _cdiv(D, tile) * tile
-    smem = (P * (D + S) + tile * (tile + 1) + S + 3 * P + threads) * e + ptx["static_smem"]
+    threads = c.get("kThreads", 256)
+    nc = threads * c.get("kBlockRows", 4) * c.get("kBlockCols", 4) // P  # columns per chunk
+    s32, d32 = _cdiv(S, nc) * nc, _cdiv(D, nc) * nc  # G and Y are computed in whole chunks
+    smem = _preimage_smem_elems(text, P, S, D, e) * e + ptx["static_smem"]
     grid = _cdiv(b, P)
-    macs = [STEPS * (P * s32 * D + P * d32 * S)] * grid
+    dp, sp = _cdiv(D, P) * P, _cdiv(S, P) * P  # reduction depth padded to the tile depth KT = P
+    macs = [STEPS * (P * s32 * dp + P * d32 * sp)] * grid
     l2 = [STEPS * (2 * S * D * e + P * S * e) + S * D * e + 2 * P * D * e] * grid
     ex = [STEPS * P * s32] * grid
     hbm = 2 * b * D * e + b * S * e + S * D * e + b * e
-    work = gm.Work(macs, l2, ex, hbm, P * tile)
+    work = gm.Work(macs, l2, ex, hbm, P * nc)
     op_min = {"flops": STEPS * 4.0 * b * S * D, "bytes": hbm, "exps": float(STEPS * b * S)}
     launch = {"grid": [grid, 1, 1], "num_warps": threads // 32, "num_stages": None,
               "constexprs": {"P": P}}

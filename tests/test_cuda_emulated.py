@@ -161,7 +161,7 @@ def _assert_ok(rc, err, info=None, max_sweeps=None):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("n,batch", [(1, 3), (2, 3), (7, 3), (33, 2), (64, 1)])
+@pytest.mark.parametrize("n,batch", [(1, 3), (2, 3), (7, 3), (33, 2), (64, 1), (80, 1)])
 def test_jacobi_matches_float64_oracle(emu_lib, rng, seed, n, batch, dtype):
     A = _random_symmetric(rng, batch, n, dtype)
     matrix, scratch = _jacobi_smem(n)
@@ -174,10 +174,11 @@ def test_jacobi_matches_float64_oracle(emu_lib, rng, seed, n, batch, dtype):
 
 def _jacobi_smem(n):
     """(matrix bytes, scratch bytes) of eigh.cu's Layout: double A and V^T, then c, s, t
-    per pair and the reduction buffer (double), p, q per pair and the permutation (int)."""
+    per pair and the reduction buffer (double, min(threads, 128) slots), p, q per pair and the
+    permutation (int)."""
     h = (n + (n & 1)) // 2
-    nt = 64 if n <= 16 else 128 if n <= 32 else 256 if n <= 64 else 512 if n <= 128 else 1024
-    return 16 * n * n, (3 * h + nt) * 8 + (2 * h + n) * 4
+    nt = 64 if n <= 16 else 128 if n <= 32 else 256 if n <= 48 else 512 if n <= 64 else 1024
+    return 16 * n * n, (3 * h + min(nt, 128)) * 8 + (2 * h + n) * 4
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
@@ -247,7 +248,11 @@ def test_jacobi_n257_workspace(emu_lib, rng, seed, dtype):
 
 
 def _smem_bytes(P, S, D, itemsize):
-    return (P * (D + S) + 32 * 33 + S + 3 * P + 256) * itemsize  # preimage.cu smem_elems
+    """preimage.cu smem_elems: Z (P x Dp) and W (P x Sp) with rows padded to KT = P, the B tile
+    (4096 / P rows of KT + one 16-byte vector), |b|^2, 3 per-point values, 256 of scratch."""
+    up = lambda x: -(-x // P) * P  # noqa: E731
+    vw = 16 // itemsize
+    return (P * (up(D) + up(S)) + (4096 // P) * (P + vw) + S + 3 * P + 256) * itemsize
 
 
 def _check_preimage(emu_lib, shape, dtype, seed, steps_list=(0, 1, 25), device_smem=H100_SMEM,
@@ -277,6 +282,13 @@ PREIMAGE_SHAPES = [(1, 1, 1), (7, 7, 33), (7, 33, 1), (33, 1, 7), (33, 33, 7), (
 @pytest.mark.parametrize("shape", PREIMAGE_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
 def test_preimage_matches_float64_reference(emu_lib, seed, shape, dtype):
     _check_preimage(emu_lib, shape, dtype, seed, points_expected=32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_preimage_several_column_chunks(emu_lib, seed, dtype):
+    """S and D above one chunk of columns (4096 / P = 128 for P = 32) and neither a multiple of
+    it nor of the tile depth: several chunks per phase, partial last chunk and partial last tile."""
+    _check_preimage(emu_lib, (9, 150, 140), dtype, seed, steps_list=(1, 4), points_expected=32)
 
 
 @pytest.mark.parametrize("points", [16, 8])

@@ -28,7 +28,7 @@
 // the result: a float-only version of this kernel measured (host emulation, random symmetric
 // n = 257) orthogonality ||V^T V - I||_F / sqrt(n) = 5e-5 and residual 5.6e-6, versus ~1e-6
 // for LAPACK's float32 ssyevd; in double the float results are limited by their final rounding.
-// The price is shared memory (16 n^2 bytes: on H100/H200 n <= 118 stays on chip) and FP64
+// The price is shared memory (16 n^2 bytes: on H100/H200 n <= 119 stays on chip) and FP64
 // throughput, which matters little next to the kernel's two barriers per round (not yet measured:
 // benchmarks/test_eigh_gpu.py).
 //
@@ -47,13 +47,22 @@ constexpr int kMaxThreads = 1024;
 using W = double;  // working precision (see the top of the file)
 constexpr W kEps = 2.220446049250313e-16;
 
+constexpr int kRedSlots = 128;  // block_sum's shared buffer (doubles), whatever the block size
+
+__host__ __device__ inline int red_slots(int nt) { return nt < kRedSlots ? nt : kRedSlots; }
+
 // Sum of one value per thread; every thread gets the same total (so branches on it are uniform).
-// `red` holds blockDim.x elements. Any block size works.
+// `red` holds red_slots(blockDim.x) elements: threads beyond the slots fold into them group by
+// group (a fixed order: deterministic), then a tree. Any block size works.
 __device__ W block_sum(W v, W* red) {
-  const int tid = threadIdx.x;
-  red[tid] = v;
+  const int tid = threadIdx.x, nt = blockDim.x, slots = red_slots(nt);
+  if (tid < slots) red[tid] = v;
   __syncthreads();
-  for (int width = blockDim.x; width > 1;) {
+  for (int g = 1; g * slots < nt; ++g) {
+    if (tid / slots == g) red[tid - g * slots] += v;
+    __syncthreads();
+  }
+  for (int width = slots; width > 1;) {
     const int half = (width + 1) / 2;
     if (tid < width - half) red[tid] += red[tid + half];
     __syncthreads();
@@ -81,7 +90,8 @@ struct Layout {
   __host__ __device__ size_t matrix_bytes() const { return matrix_elems() * sizeof(W); }
   // c, s, t per pair and the reduction buffer (W), then p, q per pair and the sort permutation.
   __host__ __device__ size_t scratch_bytes() const {
-    return (3 * static_cast<size_t>(h) + nt) * sizeof(W) + (2 * static_cast<size_t>(h) + n) * sizeof(int);
+    return (3 * static_cast<size_t>(h) + red_slots(nt)) * sizeof(W) +
+           (2 * static_cast<size_t>(h) + n) * sizeof(int);
   }
 };
 
@@ -110,7 +120,7 @@ eigh_kernel(const T* __restrict__ A, T* __restrict__ w_out, T* __restrict__ v_ou
   W* sn = cs + h;
   W* tn = sn + h;
   W* red = tn + h;
-  int* pp = reinterpret_cast<int*>(red + nt);
+  int* pp = reinterpret_cast<int*>(red + red_slots(nt));
   int* qq = pp + h;
   int* perm = qq + h;
 
@@ -252,11 +262,15 @@ eigh_kernel(const T* __restrict__ A, T* __restrict__ w_out, T* __restrict__ v_ou
 }
 
 int threads_for(int n) {
-  // Work per round is ~n^2/8 block updates + n^2/2 eigenvector updates.
+  // Work per round is ~n^2/8 block updates + n^2/2 eigenvector updates. Sized so that an H100 SM
+  // holds >= 32 warps for every n <= 128 (issue 13; 64 registers per thread, 228 KiB of shared
+  // memory per SM): n <= 16 32 blocks x 2 warps; <= 32 12 x 4; <= 48 5 x 8; <= 64 2 x 16
+  // (register-bound); above, one block of 32 warps (16 n^2 bytes leave room for one block, and
+  // past n = 119 the register file does).
   if (n <= 16) return 64;
   if (n <= 32) return 128;
-  if (n <= 64) return 256;
-  if (n <= 128) return 512;
+  if (n <= 48) return 256;
+  if (n <= 64) return 512;
   return kMaxThreads;
 }
 

@@ -25,7 +25,7 @@ namespace cuda {
 // Arithmetic is in double for float input too (the reason is in eigh.cu). Where the
 // matrix lives: when the double working copy of A and the accumulated V^T (16 n^2 bytes) plus
 // O(n) scratch fit in the device's opt-in shared memory per block
-// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on H100/H200, i.e. n <= 118), everything
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on H100/H200, i.e. n <= 119), everything
 // stays in shared memory; otherwise both live in a caller-provided global workspace
 // (eigh_workspace_size) and only the O(n) scratch is in shared memory.
 // n <= kJacobiMaxN (the O(n) scratch stays within 48 KiB), but one block per matrix is meant for
@@ -58,13 +58,14 @@ cudaError_t eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, int64_t
 //   z  <- z + 4 gamma lr ((sum_s w_s) z - sum_s w_s b_s).
 // One block per tile of P points (P = 32, 16 or 8, the largest whose iterate (P x D) and weights
 // (P x S) fit in shared memory); every step of the tile runs in that block with the iterate kept
-// in shared memory, B streamed through shared memory in 32 x 32 tiles. Tested under host
-// emulation (tests/test_cuda_emulated.py; tests/test_cuda_native.py is the on-GPU check); its
-// speed has not been measured yet.
+// in shared memory, B streamed through shared memory in (4096 / P) x P tiles, both products
+// register-blocked 4 x 4 per thread with 16-byte shared loads (1 LDS.128 per 8 FFMA). Tested
+// under host emulation (tests/test_cuda_emulated.py; tests/test_cuda_native.py is the on-GPU
+// check); its speed has not been measured yet (a model: benchmarks/NOTES.md section 12).
 
 // Points per block preimage_gd would use for this S, D on the current device; 0 when even 8
-// points do not fit (8 (S + D) + S elements must fit in the opt-in shared memory: on H100,
-// S + D <= ~7,000 in float, ~3,500 in double).
+// points do not fit (8 (S + D) + S elements plus a 512 x 8 tile of B must fit in the opt-in
+// shared memory: on H100, S + D <= ~6,000 in float, ~2,700 in double).
 template <typename T>
 cudaError_t preimage_gd_tile_points(int64_t S, int64_t D, int* points);
 
