@@ -37,6 +37,14 @@ class Augmenter:
     def setup(self, clients: list[ClientData], *, n_classes: int, seed: int) -> None:
         pass
 
+    def privacy(self, n_clients: int) -> dict:
+        """What the exchange of ``setup`` spent per client, as the DP accountant states it:
+        ``epsilon_spent`` (one per client; None where something was sent without noise, i.e. with
+        no finite bound), ``delta`` and ``releases`` (DP releases per client). It covers the
+        augmenter's releases only: model updates and the un-noised parts of an exchange (FedMC's
+        spectra and betas) are not private."""
+        return {"epsilon_spent": [0.0] * n_clients, "delta": 0.0, "releases": 0}
+
     def augment(self, cid: int, data: ClientData, *, generator: torch.Generator):
         """Extra (x, y) for client ``cid`` this round; empty tensors for none."""
         return data.x[:0], data.y[:0]
@@ -65,6 +73,9 @@ class GGEURAugmenter(Augmenter):
             self.others = [ggeur.prototypes(self.stats, exclude=k) for k in range(len(clients))]
             down += sum(nbytes(p, l) for p, l in self.others)
         self.setup_bytes = (up, down)
+
+    def privacy(self, n_clients: int) -> dict:  # the class statistics go up without noise
+        return {"epsilon_spent": [None] * n_clients, "delta": 0.0, "releases": 0}
 
     def augment(self, cid, data, *, generator):
         xs, ys = [], []
@@ -120,7 +131,7 @@ class FedMCAugmenter(Augmenter):
     defaults = {"n_prototypes": 32, "n_base": 256, "n_clusters": 8, "n_components": 4, "n_entries": 32,
                 "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": 1.0,
                 "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
-                "formulation": "consistent", "steps": None, "anchored": True}
+                "formulation": "consistent", "steps": None, "anchored": True, "epsilon_total": None}
 
     def setup(self, clients, *, n_classes, seed):
         p = self.p
@@ -130,13 +141,19 @@ class FedMCAugmenter(Augmenter):
         res = fedmc.setup([c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"],
                           n_base=p["n_base"], n_clusters=p["n_clusters"], n_components=p["n_components"],
                           n_entries=p["n_entries"], gamma=p["gamma"], epsilon=p["epsilon"], delta=p["delta"],
-                          clip_norm=p["clip_norm"], seed=seed)
+                          clip_norm=p["clip_norm"], seed=seed, epsilon_total=p["epsilon_total"])
         self.B, self.gamma, self.dictionary = res.basis, res.gamma, res.dictionary
         self.prepared = fedmc.prepare(res.dictionary, res.basis)  # calibrate's constants, once
-        self.spent = res.epsilon  # per client, both DP releases composed
-        up = sum(nbytes(pr.centers, pr.counts) + l.nbytes() for pr, l in zip(res.prototypes, res.lgds))
+        self.spent, self.delta = res.epsilon, res.delta  # per client, both DP releases composed
+        # a client without data (None) sends nothing
+        up = sum(nbytes(pr.centers, pr.counts) + l.nbytes() for pr, l in zip(res.prototypes, res.lgds)
+                 if pr is not None)
         down = len(clients) * (nbytes(self.B) + self.dictionary.nbytes())
         self.setup_bytes = (up, down)
+
+    def privacy(self, n_clients: int) -> dict:  # prototypes, then patch centres: two DP releases per client
+        return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.delta,
+                "releases": 2}
 
     def augment(self, cid, data, *, generator):
         p = self.p

@@ -37,7 +37,18 @@ _DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "m
             "feddyn": "FedDyn", "fedopt": "FedOpt", "fedadam": "FedAdam", "fedyogi": "FedYogi",
             "fedavgm": "FedAvgM", "fedntd": "FedNTD", "fedproto": "FedProto", "fedmp": "FedMP", "fedmp_sfmc": "FedMP-SFMC",
             "fedmp_cpgma": "FedMP-cPGMA", "ggeur": "GGEUR",
+            "local": "Local", "fedrep": "FedRep", "flic": "FLIC",
             "fedmc": "FedMC"}
+
+
+def _default_augmenters(algorithms: str | None) -> str:
+    """All four for global-model algorithms; none for personalised ones (local, fedrep, flic), whose
+    clients may live in different feature spaces where no augmenter works."""
+    from .algorithms import ALGORITHMS
+
+    names = [a.strip().lower() for a in (algorithms or "fedavg").split(",") if a.strip()]
+    personal = names and all(getattr(ALGORITHMS.get(a), "personal", False) for a in names)
+    return "none" if personal else "none,oversample,ggeur,fedmc"
 
 
 def _methods(algorithms: str, augmenters: str):
@@ -56,31 +67,41 @@ def _run(args) -> int:
 
     import torch
 
+    from ._validate_config import FLAGS
     from .report import format_table
     from .runner import RunConfig, load_config, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    # RunConfig field -> value of each config flag given (FLAGS: the one field <-> flag table)
+    given = {attr: getattr(args, flag[2:].replace("-", "_")) for attr, flag in FLAGS.items()
+             if getattr(args, flag[2:].replace("-", "_")) is not None}
     if args.resume:
+        for flag, v in (("--out", args.out), ("--config", args.config), ("--algorithms", args.algorithms),
+                        ("--augmenters", args.augmenters), ("--epsilon-total", args.epsilon_total)):
+            if v is not None:
+                raise ValueError(f"--resume {args.resume}: {flag} cannot be used with --resume (a resumed run "
+                                 "keeps its configuration; only --rounds may grow)")
         out = Path(args.resume)
         cfg = RunConfig()
     else:
         cfg = load_config(args.config) if args.config else RunConfig()
-        for key, attr in (("dataset", "dataset"), ("partition", "partition"), ("beta", "beta"),
-                          ("clients", "n_clients"), ("rounds", "rounds"), ("fraction", "client_fraction"),
-                          ("epochs", "local_epochs"), ("batch_size", "batch_size"), ("lr", "lr"),
-                          ("model", "model"), ("seed", "seed"), ("seeds", "seeds"), ("device", "device"),
-                          ("min_size", "min_size"), ("zero_shot", "zero_shot"),
-                          ("feature_shift", "feature_shift"), ("feature_noise", "feature_noise")):
-            v = getattr(args, key)
-            if v is not None:
-                setattr(cfg, attr, v)
+        for attr, v in given.items():
+            setattr(cfg, attr, v)
         if args.algorithms or args.augmenters:
-            cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or "none,oversample,ggeur,fedmc")
+            cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or _default_augmenters(args.algorithms))
+        if args.epsilon_total is not None:
+            dp = [m for m in cfg.methods if m.augmenter == "fedmc"]
+            if not dp:
+                raise ValueError(f"--epsilon-total {args.epsilon_total}: it budgets FedMC's DP releases, but no "
+                                 "method uses the fedmc augmenter (--augmenters fedmc)")
+            for m in dp:
+                m.augmenter_params = {**m.augmenter_params, "epsilon_total": args.epsilon_total}
         out = Path(args.out or time.strftime("fedsim-out/run-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
     try:
-        results = run(cfg, out, resume=bool(args.resume), progress=not args.quiet)
+        results = run(cfg, out, resume=bool(args.resume), progress=not args.quiet,
+                      changes=given if args.resume else None)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished round is checkpointed; continue with\n"
               f"  fedsim run --resume {out}", file=sys.stderr)
@@ -182,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR")
     r.add_argument("--out", help="output folder (default fedsim-out/run-<time>)")
     r.add_argument("--dataset", help='"default" (embedded) or a dataset file written by `fedsim import` '
-                   "(your own embeddings) or `fedsim embed`")
+                   "(your own embeddings) or `fedsim embed`, or a seeded toy problem with per-client "
+                   "feature spaces: toy:noisy-features | toy:linear-mapping (docs/flic.md)")
     r.add_argument("--partition", help="iid | dirichlet | domain | label_domain")
     r.add_argument("--beta", type=float, help="Dirichlet concentration (default 0.1)")
     r.add_argument("--clients", type=int, help="number of clients (default 10)")
@@ -208,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     r.add_argument("--zero-shot", dest="zero_shot", action="store_true", default=None,
                    help="initialise the linear head from the dataset's class-name text embeddings")
+    r.add_argument("--epsilon-total", dest="epsilon_total", type=float, metavar="EPS",
+                   help="FedMC's privacy budget per client for both of its DP releases together (split "
+                        "between them; results.json reports what each client spent) instead of the "
+                        "per-release epsilon of its augmenter_params")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_run)
     d = sub.add_parser("demo", help="geometry demo: the FedMC client pipeline on an S-curve, per backend")
@@ -299,13 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedsim: error: missing {', '.join(missing)}; install the simulator's dependencies with "
               "pip install 'geomkern[fedsim]'", file=sys.stderr)
         return 2
-    for name in ("n", "dim", "clusters", "components", "basis", "holdout"):
-        if getattr(args, name, 1) < 1:
-            print(f"fedsim: --{name} must be >= 1", file=sys.stderr)
-            return 2
+    from ._validate_config import check_cli_numbers
+
     try:
+        check_cli_numbers(args)
         return args.func(args)
-    except (ValueError, TypeError, RuntimeError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, RuntimeError, OSError) as exc:  # OSError: FileNotFoundError, PermissionError, ...
         print(f"fedsim: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,10 +1,16 @@
 """The one local-training loop every algorithm runs through its hooks."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.nn import functional as F
 
 from .algorithms.base import Algorithm, ClientContext, ClientUpdate, params_of
+
+
+class DivergedError(RuntimeError):
+    """Training produced a non-finite loss or weights (the runner adds the likely cause)."""
 
 
 def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size: int,
@@ -32,8 +38,15 @@ def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size:
             algo.before_step(ctx)
             opt.step()
             ctx.steps += 1
-            total += float(loss.detach()) * len(idx)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise DivergedError(f"the training loss became {value} at local step {ctx.steps}")
+            total += value * len(idx)
             count += len(idx)
     extras = algo.end_client(ctx)
-    return ClientUpdate(cid=ctx.cid, params=params_of(model), n_samples=ctx.n_real,
+    params = params_of(model)
+    bad = [k for k, v in params.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise DivergedError(f"the local weights {bad} became NaN/Inf")
+    return ClientUpdate(cid=ctx.cid, params=params, n_samples=ctx.n_real,
                         loss=total / max(count, 1), extras=extras)

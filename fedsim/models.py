@@ -68,7 +68,24 @@ def has_trunk(model_or_class) -> bool:
     return callable(getattr(model_or_class, "trunk", None)) and callable(getattr(model_or_class, "classify", None))
 
 
-MODELS = {"linear": CosineHead, "mlp": MLPHead}
+class PersonalNet(nn.Module):
+    """The personalised path's model (FLIC, FedRep, local; fedsim/personal.py): an embedding
+    phi_i (``embed``: D_i -> embed_hidden -> embed_dim, a small MLP, the client's own), a
+    representation (``body``: embed_dim -> hidden, ReLU) and a head (``head``: hidden -> C).
+    Features are phi_i(x), the point in the common space that FLIC aligns."""
+
+    def __init__(self, dim: int, n_classes: int, *, embed_dim: int = 16, embed_hidden: int = 32, hidden: int = 32):
+        super().__init__()
+        self.embed = nn.Sequential(nn.Linear(dim, embed_hidden), nn.ReLU(), nn.Linear(embed_hidden, embed_dim))
+        self.body = nn.Sequential(nn.Linear(embed_dim, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, n_classes)
+
+    def forward(self, x):
+        z = self.embed(x)
+        return self.head(self.body(z)), z
+
+
+MODELS = {"linear": CosineHead, "mlp": MLPHead, "personal": PersonalNet}
 
 
 def build_model(name: str, dim: int, n_classes: int, **kwargs) -> nn.Module:

@@ -16,6 +16,8 @@ def summarise(per_seed: dict) -> dict:
     keys = ["final_accuracy", "last5_mean", "bytes_up", "bytes_down"]
     if any("per_domain_std" in v for v in per_seed.values()):
         keys.append("per_domain_std")
+    if any("client_accuracy_std" in v for v in per_seed.values()):  # personalised: std across clients
+        keys.append("client_accuracy_std")
     out = {}
     for k in keys:
         vals = np.array([v[k] for v in per_seed.values()], dtype=np.float64)
@@ -33,15 +35,28 @@ def _timing_summary(tim: dict) -> tuple[float, float]:
     return float(np.mean(train)), float(np.mean(geom))
 
 
+def max_epsilon(m: dict) -> str:
+    """The largest epsilon a method's DP releases spent on any client and seed: "-" for a method that
+    releases nothing, "inf" where something was sent without noise."""
+    privs = [v["privacy"] for v in m["seeds"].values() if "privacy" in v]
+    spent = [e for p in privs for e in p["epsilon_spent"]]
+    if not spent or (all(e == 0 for e in spent) and not any(p["releases"] for p in privs)):
+        return "-"
+    return "inf" if any(e is None for e in spent) else f"{max(spent):.3g}"
+
+
 def format_table(results: dict, timings: dict) -> str:
     multi = len(next(iter(results["methods"].values()))["seeds"]) > 1
     has_dom = any("per_domain_std" in m["summary"] for m in results["methods"].values())
+    # personalised runs: "final acc" is the mean over clients of each client's accuracy on its own test split
+    has_cli = any("client_accuracy_std" in m["summary"] for m in results["methods"].values())
 
     def cell(s, scale=100.0, fmt="{:.2f}"):
         return (fmt.format(s["mean"] * scale) + (f" ± {fmt.format(s['std'] * scale)}" if multi else ""))
 
     head = ["method", "final acc %", "last-5 acc %"] + (["domain acc std %"] if has_dom else []) + \
-        ["train s/rnd", "geom s/rnd", "MB up", "MB down"]
+        (["client acc std %"] if has_cli else []) + \
+        ["train s/rnd", "geom s/rnd", "MB up", "MB down", "max eps"]
     rows = []
     for name, m in results["methods"].items():
         s = m["summary"]
@@ -49,7 +64,10 @@ def format_table(results: dict, timings: dict) -> str:
         row = [name, cell(s["final_accuracy"]), cell(s["last5_mean"])]
         if has_dom:
             row.append(cell(s["per_domain_std"]) if "per_domain_std" in s else "-")
-        row += [f"{tr:.3f}", f"{ge:.3f}", f"{s['bytes_up']['mean'] / 1e6:.1f}", f"{s['bytes_down']['mean'] / 1e6:.1f}"]
+        if has_cli:
+            row.append(cell(s["client_accuracy_std"]) if "client_accuracy_std" in s else "-")
+        row += [f"{tr:.3f}", f"{ge:.3f}", f"{s['bytes_up']['mean'] / 1e6:.1f}", f"{s['bytes_down']['mean'] / 1e6:.1f}",
+                max_epsilon(m)]
         rows.append(row)
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     line = lambda r: "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
@@ -110,7 +128,7 @@ def write_outputs(results: dict, timings: dict, ds, parts, out: Path) -> None:
                     w.writerow([name, seed, r, f"{a:.6f}", f"{l:.6f}"])
     for name, text in (("timings.json", json.dumps(timings, indent=2)),
                        ("table.txt", format_table(results, timings) + "\n"),
-                       # results.json last: its presence marks a finished run
-                       ("results.json", json.dumps(results, indent=2))):
+                       # results.json last: its presence marks a finished run; never NaN/Infinity in it
+                       ("results.json", json.dumps(results, indent=2, allow_nan=False))):
         with atomic_write(out / name) as tmp:
             tmp.write_text(text)

@@ -17,13 +17,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._io import atomic_write
+from . import _checkpoint
+from ._io import atomic_write, remove_stale_tmp
 from ._progress import progress_bar
 from ._seeds import AUGMENT, TRAIN, generator
 from .algorithms import ALGORITHMS, build_algorithm
 from .algorithms.base import ClientContext
 from .augmenters import AUGMENTERS, ClientData, build_augmenter
-from .client import local_train
+from ._validate_config import ConfigError, apply_resume_changes, check_config, check_out, read_config_json
+from .client import DivergedError, local_train
 from .data import load_dataset
 from .data.partition import SCHEMES, feature_shift, partition
 from .models import MODELS, build_model, has_trunk
@@ -69,6 +71,8 @@ class RunConfig:
     device: str = "cpu"
 
     def validate(self) -> "RunConfig":
+        check_config(self)  # type, range and finiteness of every value first (_validate_config)
+
         def bad(name, why):
             raise ValueError(f"config: {name} {why}")
 
@@ -114,12 +118,17 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"config: must be a table of RunConfig keys, got a {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"config: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
         d = dict(d)
         if "methods" in d:
+            if not isinstance(d["methods"], list):
+                raise ConfigError(f"config: methods must be a list of [[methods]] tables (name, algorithm, "
+                                  f"augmenter, ...), got {d['methods']!r}")
             mk = {f.name for f in fields(MethodSpec)}
             methods = []
             for i, m in enumerate(d["methods"]):
@@ -136,10 +145,10 @@ def load_config(path) -> RunConfig:
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"config file {path} does not exist")
+        raise ValueError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}")
     try:
         data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
     return RunConfig.from_dict(data)
 
@@ -150,7 +159,9 @@ def evaluate(model, x, y, d=None, n_domains: int = 0) -> tuple[float, list[float
     model.eval()
     pred = model(x)[0].argmax(1)
     correct = (pred == y).to(torch.float64)
-    per_domain = [float(correct[d == k].mean()) for k in range(n_domains)] if d is not None else []
+    # None for a domain without test rows (its mean would be NaN)
+    per_domain = [float(correct[d == k].mean()) if bool((d == k).any()) else None
+                  for k in range(n_domains)] if d is not None else []
     return float(correct.mean()), per_domain
 
 
@@ -160,9 +171,10 @@ def slug(name: str) -> str:
 
 # ------------------------------------------------------------------------------ one method, one seed
 def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: Path,
-               *, progress: bool = True) -> tuple[dict, dict]:
-    """Train ``spec`` for cfg.rounds rounds (continuing from run_dir/checkpoint.pt if present).
-    Returns (metrics, timings)."""
+               *, progress: bool = True, dataset_sum: str | None = None) -> tuple[dict, dict]:
+    """Train ``spec`` for cfg.rounds rounds (continuing from run_dir/checkpoint.pt if present, once
+    verified: _checkpoint.load). ``dataset_sum``: ds's checksum if already computed.
+    Returns (metrics, timings). A non-finite loss or weights raise DivergedError."""
     dev = torch.device(cfg.device)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
@@ -184,17 +196,25 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     history: list[dict] = []
     timings: dict = {"rounds": []}
     start = 0
+    fingerprint = _checkpoint.fingerprint(cfg, spec.name, seed)
+    dataset_sum = dataset_sum or _checkpoint.dataset_checksum(ds)
+    privacy = None
     if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True, map_location=dev)
+        state = _checkpoint.load(ckpt, fingerprint=fingerprint, dataset=dataset_sum, template=global_params,
+                                 rounds=cfg.rounds, device=dev,
+                                 redo=f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1, "
+                                      "or start the whole run again with another --out")
         start, global_params, history, timings = state["round"], state["global"], state["history"], state["timings"]
+        privacy = state.get("privacy")
         algo.load_state_dict(state["algorithm"])
     if start >= cfg.rounds:
-        return _metrics(history, ds), timings
+        return _metrics(history, ds, privacy), timings
 
     augmenter = build_augmenter(spec.augmenter, **spec.augmenter_params)
     t0 = time.perf_counter()
     augmenter.setup(clients, n_classes=ds.n_classes, seed=seed)
     timings["geometry_setup_s"] = timings.get("geometry_setup_s", 0.0) + (time.perf_counter() - t0)
+    privacy = augmenter.privacy(len(clients))
     setup_up, setup_down = augmenter.setup_bytes
     K = len(clients)
     n_sel = max(1, int(round(cfg.client_fraction * K)))
@@ -216,14 +236,21 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
                                 x=torch.cat([c.x, xa.to(c.x.dtype)]), y=torch.cat([c.y, ya]),
                                 n_real=c.x.shape[0], n_classes=ds.n_classes, lr=cfg.lr)
             t0 = time.perf_counter()
-            upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                              momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                              generator=generator(seed, r, cid, TRAIN))
+            try:
+                upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                                  momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                                  generator=generator(seed, r, cid, TRAIN))
+            except DivergedError as exc:
+                raise DivergedError(_diverged(cfg, spec, seed, r, f"client {cid}", exc, clients)) from None
             t_train += time.perf_counter() - t0
             updates.append(upd)
             up += upd.upload_bytes()
             down += algo.download_bytes(global_params)
         global_params = algo.aggregate(global_params, updates, n_clients=K)
+        bad = [k for k, v in global_params.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise DivergedError(_diverged(cfg, spec, seed, r, f"the server's aggregation ({spec.algorithm})",
+                                          f"the global weights {bad} became NaN/Inf", clients))
         model.load_state_dict(global_params)
         acc, per_domain = evaluate(model, x_test, y_test, d_test, ds.n_domains)
         if r == 0:
@@ -232,15 +259,33 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
                         "train_loss": float(np.mean([u.loss for u in updates])),
                         "bytes_up": up, "bytes_down": down})
         timings["rounds"].append({"round": r + 1, "train_s": t_train, "geometry_s": t_geom})
-        with atomic_write(ckpt) as tmp:
-            torch.save({"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
-                        "history": history, "timings": timings}, tmp)
+        _checkpoint.save(ckpt, {"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
+                                "history": history, "timings": timings, "privacy": privacy},
+                         fingerprint=fingerprint, dataset=dataset_sum)
         rounds.set_postfix(acc=f"{acc:.3f}")
     rounds.close()
-    return _metrics(history, ds), timings
+    return _metrics(history, ds, privacy), timings
 
 
-def _metrics(history: list[dict], ds) -> dict:
+def _diverged(cfg: RunConfig, spec: MethodSpec, seed: int, r: int, where: str, what, clients) -> str:
+    """The message of a run that diverged: where, what, and the likely causes."""
+    norm = max(float(torch.linalg.vector_norm(c.x.to(torch.float64), dim=1).max()) for c in clients if c.x.numel())
+    causes = []
+    if norm > 10:  # unit-norm embeddings are what the defaults are made for
+        causes.append(f"the embeddings are of huge scale (row norms up to {norm:.3g}; fedsim import "
+                      "L2-normalises rows by default)")
+    if spec.algorithm_params:
+        causes.append(f"the algorithm's hyper-parameters {spec.algorithm_params}")
+    if cfg.lr > RunConfig.lr or not causes:
+        causes.append(f"the learning rate lr = {cfg.lr:g} is too large for this model and data "
+                      f"(default {RunConfig.lr:g})")
+    kept = f" (rounds 1-{r} are checkpointed)" if r > 1 else " (round 1 is checkpointed)" if r else ""
+    return (f"{spec.name} seed {seed} diverged in round {r + 1}, {where}: {what}. Likely cause: "
+            + "; or ".join(causes) + f". results.json is not written{kept}; run again with the fix as a new "
+            "run (a resumed run keeps its configuration)")
+
+
+def _metrics(history: list[dict], ds, privacy: dict | None = None) -> dict:
     accs = [h["accuracy"] for h in history]
     last = history[-1]
     out = {"final_accuracy": accs[-1], "last5_mean": float(np.mean(accs[-5:])), "accuracy": accs,
@@ -249,7 +294,9 @@ def _metrics(history: list[dict], ds) -> dict:
            "bytes_down": int(sum(h["bytes_down"] for h in history))}
     if last["per_domain"]:
         out["per_domain"] = dict(zip(ds.domain_names, last["per_domain"]))
-        out["per_domain_std"] = float(np.std(last["per_domain"]))
+        out["per_domain_std"] = float(np.std([a for a in last["per_domain"] if a is not None]))
+    if privacy is not None:
+        out["privacy"] = privacy
     return out
 
 
@@ -265,23 +312,52 @@ def _warn_if_not_unit_norm(ds) -> None:
               file=sys.stderr)
 
 
-def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True) -> dict:
-    """Run every method for every seed; write results.json/.csv, timings.json and plots."""
+def _finished(out: Path, cfg: RunConfig) -> bool:
+    """results.json exists for this many rounds (a run resumed with more rounds is not finished)."""
+    try:
+        return json.loads((out / "results.json").read_text())["config"]["rounds"] == cfg.rounds
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # a damaged results.json is written again at the end
+
+
+def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
+        changes: dict | None = None) -> dict:
+    """Run every method for every seed; write results.json/.csv, timings.json and plots.
+
+    Every value is checked before anything is written, and a fresh run that fails before its first
+    checkpoint removes what it wrote, so the same ``out_dir`` can be used again. ``resume``
+    continues the run in ``out_dir`` from its config.json (``cfg`` is not used) and its verified
+    checkpoints; ``changes`` (RunConfig field -> value, the CLI's flags given with --resume) may
+    raise ``rounds`` (a finished run then continues) and repeat the run's values, anything else
+    is refused by name."""
     from . import report
 
-    out = Path(out_dir)
+    out = check_out(out_dir, resume=resume)
     if resume:
         cfg_path = out / "config.json"
         if not cfg_path.is_file():
             raise ValueError(f"--resume {out}: no config.json there, so it is not a fedsim run folder")
-        cfg = RunConfig.from_dict(json.loads(cfg_path.read_text())).validate()
-        if (out / "results.json").is_file():
-            raise ValueError(f"--resume {out}: that run already finished (results.json exists)")
+        try:
+            cfg = RunConfig.from_dict(read_config_json(cfg_path)).validate()
+        except ValueError as exc:
+            raise ConfigError(f"--resume {out}: {cfg_path} cannot be used ({exc}); the run cannot be resumed: "
+                              "start it again with another --out") from None
+        stored_rounds = cfg.rounds
+        apply_resume_changes(cfg, changes or {}, out)
+        if _finished(out, cfg):
+            raise ValueError(f"--resume {out}: that run already finished (results.json exists); pass "
+                             f"--rounds N with N > {cfg.rounds} to continue it")
     else:
         cfg.validate()
         if (out / "config.json").is_file():
             raise ValueError(f"{out} already holds a run; resume it with --resume {out} or choose "
                              "another --out")
+    from .personal import is_personal_run, run_personal  # (personal.py imports this module)
+
+    if is_personal_run(cfg):  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)
+        return run_personal(cfg, out, resume=resume, progress=progress)
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
     _warn_if_not_unit_norm(ds)
     if cfg.zero_shot and (cfg.model != "linear" or ds.class_text is None or ds.class_text.shape[1] != ds.dim):
@@ -290,19 +366,32 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     partitions = {s: partition(cfg.partition, labels=ds.y_train, domains=ds.d_train, n_clients=cfg.n_clients,
                                beta=cfg.beta, seed=s, min_size=cfg.min_size) for s in seeds}
+    with torch.random.fork_rng(devices=[]):  # model parameters it cannot build fail before anything is written
+        build_model(cfg.model, ds.dim, ds.n_classes, **cfg.model_params)
+    dataset_sum = _checkpoint.dataset_checksum(ds)
+    created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
     out.mkdir(parents=True, exist_ok=True)
-    if not resume:
+    if resume:
+        for p in remove_stale_tmp(out):
+            print(f"fedsim: removed {p}, left by an interrupted write", file=sys.stderr)
+    if not resume or cfg.rounds != stored_rounds:
         with atomic_write(out / "config.json") as tmp:
             tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
-    results = {"config": cfg.to_dict(), "dataset": ds.summary(), "methods": {}}
-    timings = {}
-    for spec in cfg.methods:
-        per_seed, tim = {}, {}
-        for s in seeds:
-            per_seed[str(s)], tim[str(s)] = run_method(cfg, spec, s, ds, partitions[s],
-                                                       out / "runs" / f"{slug(spec.name)}-seed{s}", progress=progress)
-        results["methods"][spec.name] = {"algorithm": spec.algorithm, "augmenter": spec.augmenter,
-                                         "seeds": per_seed, "summary": report.summarise(per_seed)}
-        timings[spec.name] = tim
-    report.write_outputs(results, timings, ds, partitions[seeds[0]], out)
+    try:
+        results = {"config": cfg.to_dict(), "dataset": ds.summary(), "methods": {}}
+        timings = {}
+        for spec in cfg.methods:
+            per_seed, tim = {}, {}
+            for s in seeds:
+                per_seed[str(s)], tim[str(s)] = run_method(cfg, spec, s, ds, partitions[s],
+                                                           out / "runs" / f"{slug(spec.name)}-seed{s}",
+                                                           progress=progress, dataset_sum=dataset_sum)
+            results["methods"][spec.name] = {"algorithm": spec.algorithm, "augmenter": spec.augmenter,
+                                             "seeds": per_seed, "summary": report.summarise(per_seed)}
+            timings[spec.name] = tim
+        report.write_outputs(results, timings, ds, partitions[seeds[0]], out)
+    except Exception:
+        if not resume:
+            _checkpoint.discard_unstarted(out, created)
+        raise
     return results

@@ -10,6 +10,7 @@ from .ops.kmeans import kmeans
 from .ops.kpca import KPCAFit, kpca, kpca_transform, project_onto_basis
 from . import backends  # noqa: F401  (declares the fast backends to the dispatcher)
 from .ops.eigh import eigh
+from .ops.gaussian_w2 import bures, gaussian_barycenter, gaussian_w2, sqrtm_psd
 from .ops.moments import class_moments, pool_moments
 from .ops.preimage import preimage, preimage_loss
 from .ops.rbf import median_gamma, rbf_gram, rbf_matmul
@@ -17,7 +18,8 @@ from .ops.rbf import median_gamma, rbf_gram, rbf_matmul
 __version__ = "0.1.0"
 
 __all__ = [
-    "KPCAFit", "available_backends", "class_moments", "eigh", "get_backend", "kmeans", "kpca",
+    "KPCAFit", "available_backends", "bures", "class_moments", "eigh", "gaussian_barycenter",
+    "gaussian_w2", "get_backend", "kmeans", "kpca", "sqrtm_psd",
     "kpca_transform", "median_gamma", "pool_moments", "registered_ops", "preimage", "preimage_loss",
     "project_onto_basis", "rbf_gram", "rbf_matmul", "resolve", "set_backend",
 ]

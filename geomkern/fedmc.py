@@ -32,6 +32,7 @@ Deviations from the paper's formulas (docs/design.md math notes, all deliberate)
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -139,6 +140,10 @@ def _check_entries(obj, rows: str, sizes: str) -> None:
         if tuple(t[k].shape) != shape:
             raise ValueError(f"{name}.{k} has shape {tuple(t[k].shape)}, expected {shape} ({m} entries in "
                              f"{rows}, d={d} components and S={S} basis points in betas)")
+    for k in ("eigenvalues", "variances") + ((sizes,) if sizes == "weights" else ()):
+        if bool((t[k] < 0).any()):  # exact: kpca returns 0, never round-off below it, for null components
+            raise ValueError(f"{name}.{k} must be >= 0 ({'variances' if k != 'weights' else 'sample counts'}), "
+                             f"got min {float(t[k].min()):.3g}")
     for k, v in t.items():
         setattr(obj, k, v)
     obj.gamma = _validate.gamma(obj.gamma)
@@ -169,10 +174,17 @@ class LocalGeometry(Exchanged):
 
     def _check(self):
         _check_entries(self, "centers", "counts")
-        if not float(self.epsilon) > 0 or not 0 <= float(self.delta) < 1:
+        eps, delta = self.epsilon, self.delta
+        if any(isinstance(v, bool) or not isinstance(v, numbers.Real) for v in (eps, delta)):
+            raise TypeError(f"LocalGeometry: epsilon and delta must be numbers, got {eps!r}, {delta!r}")
+        eps, delta = float(eps), float(delta)
+        if not eps > 0 or not 0 <= delta < 1:  # NaN fails both
             raise ValueError(f"LocalGeometry: epsilon must be > 0 (inf: no noise) and delta in [0, 1), "
-                             f"got {self.epsilon}, {self.delta}")
-        self.epsilon, self.delta = float(self.epsilon), float(self.delta)
+                             f"got {eps}, {delta}")
+        if math.isfinite(eps) and delta == 0:
+            raise ValueError(f"LocalGeometry: epsilon={eps} with delta=0 is impossible: the centres are a "
+                             "Gaussian-mechanism release, which is never pure (delta = 0) DP")
+        self.epsilon, self.delta = eps, delta
 
 
 def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_components: int | str,
@@ -510,11 +522,16 @@ def setup(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generat
           n_prototypes: int, n_base: int, n_clusters: int, n_components: int | str, n_entries: int,
           gamma="median", epsilon: float = math.inf, delta: float = 1e-5, clip_norm: float = 1.0,
           explained: float = 0.9, max_components: int = MAX_COMPONENTS, iters: int = 5,
-          seed: int = 0) -> Setup:
+          seed: int = 0, epsilon_total: float | None = None) -> Setup:
     """Steps 1-4 for every client and the server, in one process: the one FedMC set-up recipe.
 
-    clients: each client's embeddings (n_k, D), on any one device (results stay there);
+    clients: each client's embeddings (n_k, D), on any one device (results stay there); a client
+    with no rows takes no part (it releases nothing: its prototypes and lgds entries are None and
+    its epsilon 0);
     generators: one per client, driving its two DP releases in turn (None: secret seeds).
+    Privacy: each of the two releases (prototypes, patch centres) spends ``epsilon`` at ``delta``
+    (together ``Setup.epsilon`` per client), or, with ``epsilon_total``, the two share that budget
+    (``privacy.split_epsilon``) so that a client spends at most ``epsilon_total`` in all.
     Sizing rules (so small clients and small federations still work):
     * client k releases min(n_prototypes, n_k) prototypes;
     * the GAB has min(n_base, all prototypes) points (``build_gab`` with ``seed``); gamma is
@@ -529,22 +546,37 @@ def setup(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generat
         raise ValueError(f"generators must be a list with one entry per client ({len(clients)}), "
                          f"got {generators!r}")
     d = max_components if n_components == "auto" else _validate.positive_int("n_components", n_components)
-    protos = [client_prototypes(x, min(n_prototypes, x.shape[0]), epsilon=epsilon, delta=delta,
-                                clip_norm=clip_norm, generator=g, iters=iters)
-              for x, g in zip(clients, generators)]
-    B = build_gab(protos, min(n_base, sum(p.centers.shape[0] for p in protos)), seed=seed)
+    if epsilon_total is not None:
+        if epsilon != math.inf:
+            raise ValueError(f"give epsilon (per release, got {epsilon}) or epsilon_total (both releases "
+                             f"together, got {epsilon_total}), not both")
+        epsilon = privacy.split_epsilon(epsilon_total, delta, calls=2, releases=iters)
+    active = [k for k, x in enumerate(clients) if not (isinstance(x, torch.Tensor) and x.dim() == 2
+                                                        and x.shape[0] == 0)]
+    if not active:
+        raise ValueError("every client is empty (0 rows); FedMC needs data on at least one client")
+    protos: list = [None] * len(clients)
+    for k in active:
+        x = clients[k]
+        protos[k] = client_prototypes(x, min(n_prototypes, x.shape[0]), epsilon=epsilon, delta=delta,
+                                      clip_norm=clip_norm, generator=generators[k], iters=iters)
+    released = [protos[k] for k in active]
+    B = build_gab(released, min(n_base, sum(p.centers.shape[0] for p in released)), seed=seed)
     g = resolve_gamma(gamma, B)
-    lgds = [local_geometry(x, B, n_clusters=max(1, min(n_clusters, x.shape[0] // (2 * d))),
-                           n_components=n_components, gamma=g, epsilon=epsilon, delta=delta,
-                           clip_norm=clip_norm, generator=gen, explained=explained,
-                           max_components=max_components, iters=iters)
-            for x, gen in zip(clients, generators)]
-    dictionary = fuse(lgds, n_entries=min(n_entries, sum(l.centers.shape[0] for l in lgds)), seed=seed)
+    lgds: list = [None] * len(clients)
+    for k in active:
+        x = clients[k]
+        lgds[k] = local_geometry(x, B, n_clusters=max(1, min(n_clusters, x.shape[0] // (2 * d))),
+                                 n_components=n_components, gamma=g, epsilon=epsilon, delta=delta,
+                                 clip_norm=clip_norm, generator=generators[k], explained=explained,
+                                 max_components=max_components, iters=iters)
+    uploaded = [lgds[k] for k in active]
+    dictionary = fuse(uploaded, n_entries=min(n_entries, sum(l.centers.shape[0] for l in uploaded)), seed=seed)
     # both releases of a client use the same (epsilon, delta, iters), hence the same multiplier
     z = privacy.noise_multiplier(epsilon, delta, releases=iters, sensitivity=privacy.SUM_COUNT_SENSITIVITY)
     total = privacy.compose_epsilon([(z, iters), (z, iters)], delta)
     return Setup(basis=B, gamma=g, prototypes=protos, lgds=lgds, dictionary=dictionary,
-                 epsilon=[total] * len(clients), delta=delta)
+                 epsilon=[total if p is not None else 0.0 for p in protos], delta=delta)
 
 
 # ---------------------------------------------------------------- serialisation (geomkern.exchange)

@@ -51,7 +51,7 @@ from . import _random, _validate
 from .ops.rbf import _sqdist
 
 __all__ = ["DPClusters", "clip_rows", "compose_epsilon", "dp_lloyd", "epsilon_spent",
-           "gaussian_mechanism", "noise_multiplier"]
+           "gaussian_mechanism", "noise_multiplier", "split_epsilon"]
 
 # Privacy-loss discretisation of the PLD accountant. Tests recompute epsilon with this value.
 PLD_DISCRETIZATION = 1e-3
@@ -203,6 +203,23 @@ def noise_multiplier(epsilon: float, delta: float, *, releases: int,
     if math.isinf(epsilon):
         return 0.0
     return _calibrate(epsilon, delta, releases)
+
+
+def split_epsilon(epsilon_total: float, delta: float, *, calls: int, releases: int) -> float:
+    """The epsilon to ask of each of ``calls`` calls that make ``releases`` Gaussian releases each
+    on the same data (e.g. ``dp_lloyd(..., iters=releases)``) so that all of them together spend
+    at most ``epsilon_total`` at ``delta``: one noise multiplier is calibrated for the
+    ``calls * releases`` releases, and this is what one call spends with it (each call then
+    calibrates back to that multiplier or a larger one). ``epsilon_total = inf`` gives inf.
+    """
+    epsilon_total = _epsilon(epsilon_total)
+    delta = _delta(delta)
+    calls = _validate.positive_int("calls", calls)
+    releases = _validate.positive_int("releases", releases)
+    if math.isinf(epsilon_total):
+        return math.inf
+    z = _calibrate(epsilon_total, delta, calls * releases)
+    return _pld_epsilon(z, delta, releases)
 
 
 # --------------------------------------------------------------------------- mechanisms

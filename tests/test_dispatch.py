@@ -145,6 +145,7 @@ def _cases(gen):
                                                     method="coordinates", proj=P),
         "class_moments": lambda: gk.class_moments(X, torch.arange(40) % 4, 4)[2],
         "eigh": lambda: gk.eigh(X.T @ X, k=2)[0],
+        "sqrtm_psd": lambda: gk.sqrtm_psd(X.T @ X),
         "kmeans": lambda: gk.kmeans(X, 3, offsets=off, seed=1)[1],
     }
 

@@ -21,4 +21,5 @@ def build_algorithm(name: str, **hparams) -> Algorithm:
 __all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientUpdate", "build_algorithm", "register"]
 
 # Imported last: each module registers its algorithms with the `register` defined above.
-from . import feddyn, fedntd, fedopt, fedproto, moon, scaffold  # noqa: E402,F401
+from . import feddyn, fedmp, fedntd, fedopt, fedproto, moon, scaffold  # noqa: E402,F401
+from . import fedrep, flic, local  # noqa: E402,F401  (personalised: fedsim/personal.py)

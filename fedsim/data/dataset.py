@@ -9,6 +9,7 @@ empty), and a free-form ``meta`` dict (provenance, encoder, whether embeddings a
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,15 @@ class Dataset:
                 raise ValueError(f"{where}: y_{split} must be integer labels of shape ({x.shape[0]},)")
             if not bool(torch.isfinite(x).all()):
                 raise ValueError(f"{where}: x_{split} contains NaN/Inf")
+            # Scale: the heads and the geometry compute in float32 with squared norms and distances
+            # (|x|^2 + |y|^2 - 2<x, y> <= 4 D max|x|^2); above this bound they would overflow to Inf and
+            # turn into NaN or silently zero logits (geomkern refuses such inputs with the same bound).
+            limit = math.sqrt(torch.finfo(torch.float32).max / (4.0 * max(x.shape[1], 1)))
+            biggest = float(x.abs().max()) if x.numel() else 0.0
+            if biggest > limit:
+                raise ValueError(f"{where}: x_{split} has values up to {biggest:.3g}; squared norms of rows of "
+                                 f"{x.shape[1]} such values overflow float32 (|values| must stay below {limit:.3g}): "
+                                 "rescale the embeddings (fedsim import L2-normalises rows by default)")
             if int(y.min()) < 0 or int(y.max()) >= len(self.class_names):
                 raise ValueError(f"{where}: y_{split} has labels outside [0, {len(self.class_names)}) "
                                  "(class_names lists fewer classes than the labels use)")
@@ -192,3 +202,96 @@ def load_dataset(source) -> Dataset:
                        class_text=t("class_text"))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+# ------------------------------------------------------------------------------ per-client feature spaces
+@dataclass
+class ClientSplit:
+    """One client's own data in its own feature space: x_train (n, D_i), x_test (m, D_i).
+
+    ``space`` names the feature space (encoder, map, dimension): clients with the same space can
+    share a model on raw features (FedRep restricted to a space); ``n_classes`` is the number of
+    classes the client's label space has (every client of a dataset must agree on it).
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    n_classes: int
+    space: str = "0"
+
+    @property
+    def dim(self) -> int:
+        return self.x_train.shape[1]
+
+
+@dataclass
+class PersonalDataset:
+    """Clients that each hold their own train/test split, possibly in different feature spaces
+    (FLIC's setting). Evaluated per client on its own test split (personalised evaluation)."""
+
+    name: str
+    clients: list[ClientSplit]
+    class_names: list[str]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def spaces(self) -> dict[str, int]:
+        """space name -> its dimension."""
+        return {c.space: c.dim for c in self.clients}
+
+    @property
+    def y_train(self) -> torch.Tensor:
+        """All clients' training labels, client after client (``parts`` indexes it)."""
+        return torch.cat([c.y_train for c in self.clients])
+
+    @property
+    def parts(self) -> list[torch.Tensor]:
+        ends = np.cumsum([0] + [c.y_train.shape[0] for c in self.clients])
+        return [torch.arange(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
+
+    def validate(self) -> None:
+        where = f"dataset {self.name!r}"
+        if not self.clients:
+            raise ValueError(f"{where}: it has no clients")
+        counts = sorted({c.n_classes for c in self.clients})
+        if len(counts) > 1 or counts[0] != len(self.class_names):
+            per = ", ".join(f"client {i}: {c.n_classes}" for i, c in enumerate(self.clients))
+            raise ValueError(f"{where}: the clients disagree on the number of classes ({per}; class_names "
+                             f"lists {len(self.class_names)}); every client must use the same label space")
+        dims: dict[str, int] = {}
+        for i, c in enumerate(self.clients):
+            for split in ("train", "test"):
+                x, y = getattr(c, f"x_{split}"), getattr(c, f"y_{split}")
+                if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
+                    raise ValueError(f"{where}: client {i} x_{split} must be a 2-D float tensor")
+                if x.shape[0] == 0:
+                    raise ValueError(f"{where}: client {i} has an empty {split} split; every client needs "
+                                     "training and test rows (personalised evaluation)")
+                if not isinstance(y, torch.Tensor) or y.shape != (x.shape[0],) or y.dtype.is_floating_point:
+                    raise ValueError(f"{where}: client {i} y_{split} must be integer labels of shape ({x.shape[0]},)")
+                if int(y.min()) < 0 or int(y.max()) >= c.n_classes:
+                    raise ValueError(f"{where}: client {i} y_{split} has labels outside [0, {c.n_classes})")
+                if not bool(torch.isfinite(x).all()):
+                    raise ValueError(f"{where}: client {i} x_{split} contains NaN/Inf")
+            if c.x_test.shape[1] != c.dim:
+                raise ValueError(f"{where}: client {i} train and test features differ in dimension "
+                                 f"({c.dim} vs {c.x_test.shape[1]})")
+            if dims.setdefault(c.space, c.dim) != c.dim:
+                raise ValueError(f"{where}: clients of space {c.space!r} differ in dimension "
+                                 f"({dims[c.space]} vs {c.dim} at client {i})")
+
+    def summary(self) -> str:
+        dims = sorted(self.spaces.values())
+        n_tr = sum(c.x_train.shape[0] for c in self.clients)
+        n_te = sum(c.x_test.shape[0] for c in self.clients)
+        return (f"{self.name}: {len(self.clients)} clients in {len(dims)} feature spaces (D={min(dims)}..{max(dims)}), "
+                f"{n_tr} train / {n_te} test, {self.n_classes} classes")

@@ -107,12 +107,20 @@ def partition(scheme: str, *, labels, domains=None, n_clients: int | None, beta:
     if scheme in ("domain", "label_domain") and domains is None:
         raise ValueError(f"partition={scheme!r} needs domain ids; this dataset has none")
     if scheme == "iid":
-        return iid(len(labels), n_clients or 10, seed=seed)
-    if scheme == "dirichlet":
-        return dirichlet(labels, n_clients or 10, beta=beta, seed=seed, min_size=min_size)
-    if scheme == "domain":
-        return domain_skew(domains, n_clients, seed=seed)
-    return label_domain_skew(labels, domains, n_clients, beta=beta, seed=seed, min_size=min(min_size, 5))
+        parts = iid(len(labels), n_clients or 10, seed=seed)
+    elif scheme == "dirichlet":
+        parts = dirichlet(labels, n_clients or 10, beta=beta, seed=seed, min_size=min_size)
+    elif scheme == "domain":
+        parts = domain_skew(domains, n_clients, seed=seed)
+    else:
+        parts = label_domain_skew(labels, domains, n_clients, beta=beta, seed=seed, min_size=min(min_size, 5))
+    # A client without samples cannot train, be averaged (weight 0) or send geometry: refused here,
+    # so the round loop, the augmenters and the aggregation never meet one.
+    empty = [k for k, p in enumerate(parts) if p.numel() == 0]
+    if empty:
+        raise ValueError(f"partition={scheme!r} leaves client(s) {empty} of {len(parts)} without samples "
+                         f"(a domain with fewer rows than its clients); use fewer clients (--clients)")
+    return parts
 
 
 def client_rotation(dim: int, angle: float, *, seed: int, client: int) -> torch.Tensor:

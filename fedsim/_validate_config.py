@@ -1,0 +1,450 @@
+"""Every value of a run's configuration checked for type, range and finiteness before anything is
+written: the RunConfig fields (from the CLI, a TOML file or a resumed run's config.json), the
+model's parameters, each method's algorithm and augmenter parameters, the device string and the
+output folder.
+
+A rejected value raises :class:`ConfigError` (a ``ValueError``; the CLI prints it as one
+``fedsim: error:`` line and exits with 2) naming the key, the flag that sets it, the value and
+what is allowed, e.g. ``config: beta (--beta) must be a finite number > 0, got inf``.
+
+Parameters without an entry in the tables below (a plug-in added later) are still checked
+against their default's type: a number must be a finite number, an integer an integer, a flag
+true or false.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+import numbers
+import os
+import re
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration value fedsim cannot run with."""
+
+
+# RunConfig field -> the `fedsim run` flag that sets it (fields without one are config-file keys only)
+FLAGS = {"dataset": "--dataset", "partition": "--partition", "beta": "--beta", "n_clients": "--clients",
+         "min_size": "--min-size", "feature_shift": "--feature-shift", "feature_noise": "--feature-noise",
+         "client_fraction": "--fraction", "rounds": "--rounds", "local_epochs": "--epochs",
+         "batch_size": "--batch-size", "lr": "--lr", "model": "--model", "zero_shot": "--zero-shot",
+         "seed": "--seed", "seeds": "--seeds", "device": "--device"}
+
+# the largest seed: torch.manual_seed takes 64-bit seeds, numpy's SeedSequence any non-negative int
+MAX_SEED = 2 ** 63 - 1
+
+
+def _show(v) -> str:
+    if isinstance(v, str):
+        return f"{v!r} (a string)"
+    if isinstance(v, bool):
+        return f"{v} (true/false)"
+    if isinstance(v, (dict, list, tuple)):
+        return f"{v!r} (a {'table' if isinstance(v, dict) else 'list'})"
+    if v is None:
+        return "nothing (None)"
+    return repr(v) if isinstance(v, numbers.Number) else f"{v!r} (a {type(v).__name__})"
+
+
+def fail(where: str, what: str, v) -> None:
+    raise ConfigError(f"config: {where} must be {what}, got {_show(v)}")
+
+
+# ------------------------------------------------------------------------------ value kinds
+class Int:
+    def __init__(self, minimum: int | None = None, maximum: int | None = None):
+        self.minimum, self.maximum = minimum, maximum
+
+    def describe(self) -> str:
+        lo, hi = self.minimum, self.maximum
+        return "an integer" + (f" in [{lo}, {hi}]" if lo is not None and hi is not None
+                               else f" >= {lo}" if lo is not None else f" <= {hi}" if hi is not None else "")
+
+    def ok(self, v) -> bool:
+        return (isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                and (self.minimum is None or v >= self.minimum) and (self.maximum is None or v <= self.maximum))
+
+    def norm(self, v):
+        return int(v)
+
+
+class Real:
+    """A real number in a range; finite unless ``inf_ok`` (then +inf is allowed too)."""
+
+    def __init__(self, lo=None, hi=None, *, lo_open=False, hi_open=False, inf_ok=False, note=""):
+        self.lo, self.hi, self.lo_open, self.hi_open, self.inf_ok, self.note = lo, hi, lo_open, hi_open, inf_ok, note
+
+    def describe(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            rng = f" in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            rng = f" {'>' if self.lo_open else '>='} {self.lo:g}"
+        elif self.hi is not None:
+            rng = f" {'<' if self.hi_open else '<='} {self.hi:g}"
+        else:
+            rng = ""
+        kind = "a number" + rng + " (inf allowed)" if self.inf_ok else "a finite number" + rng
+        return kind + (f" ({self.note})" if self.note else "")
+
+    def ok(self, v) -> bool:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            return False
+        v = float(v)
+        if math.isnan(v) or (math.isinf(v) and not (self.inf_ok and v > 0)):
+            return False
+        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
+            return False
+        return self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
+
+    def norm(self, v):
+        return v if isinstance(v, (int, float)) else float(v)
+
+
+class Bool:
+    def describe(self) -> str:
+        return "true or false"
+
+    def ok(self, v) -> bool:
+        return isinstance(v, bool)
+
+    def norm(self, v):
+        return v
+
+
+class Choice:
+    def __init__(self, *values):
+        self.values = values
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(repr(v) for v in self.values)
+
+    def ok(self, v) -> bool:
+        return isinstance(v, str) and v in self.values
+
+    def norm(self, v):
+        return v
+
+
+class Str:
+    def describe(self) -> str:
+        return "a non-empty string"
+
+    def ok(self, v) -> bool:
+        return isinstance(v, str) and v.strip() != ""
+
+    def norm(self, v):
+        return v
+
+
+class Either:
+    def __init__(self, *kinds):
+        self.kinds = kinds
+
+    def describe(self) -> str:
+        return " or ".join(k.describe() for k in self.kinds)
+
+    def ok(self, v) -> bool:
+        return any(k.ok(v) for k in self.kinds)
+
+    def norm(self, v):
+        return next(k for k in self.kinds if k.ok(v)).norm(v)
+
+
+class Nothing:
+    """None (a Python caller's "not set"; TOML has no null, so a file leaves the key out)."""
+
+    def describe(self) -> str:
+        return "unset"
+
+    def ok(self, v) -> bool:
+        return v is None
+
+    def norm(self, v):
+        return v
+
+
+def check(where: str, kind, v):
+    if not kind.ok(v):
+        fail(where, kind.describe(), v)
+    return kind.norm(v)
+
+
+def _kind_of_default(default):
+    """What a parameter without a table entry must be: its default's type."""
+    if isinstance(default, bool):
+        return Bool()
+    if isinstance(default, numbers.Integral):
+        return Int()
+    if isinstance(default, numbers.Real):
+        return Real(inf_ok=math.isinf(default))
+    if isinstance(default, str):
+        return Str()
+    return None  # None, containers: nothing to infer
+
+
+# ------------------------------------------------------------------------------ the tables
+def _run_fields():
+    from .data.partition import SCHEMES
+    from .models import MODELS
+
+    return {
+        "dataset": Str(),
+        "partition": Choice(*SCHEMES),
+        "beta": Real(0, lo_open=True, note="the Dirichlet concentration; smaller = more skewed"),
+        "n_clients": Int(1),
+        "min_size": Int(1),
+        "feature_shift": Real(0),
+        "feature_noise": Real(0),
+        "client_fraction": Real(0, 1, lo_open=True),
+        "rounds": Int(1),
+        "local_epochs": Int(1),
+        "batch_size": Int(1),
+        "lr": Real(0, lo_open=True),
+        "momentum": Real(0, 1, hi_open=True),
+        "weight_decay": Real(0),
+        "model": Choice(*sorted(MODELS)),
+        "zero_shot": Bool(),
+        "seed": Int(0, MAX_SEED),
+        "seeds": Int(1),
+    }
+
+
+# model parameters, per model: the keyword arguments of its constructor
+MODEL_PARAMS = {("linear", "scale"): Real(0, lo_open=True), ("linear", "learn_scale"): Bool(),
+                ("mlp", "hidden"): Int(1)}
+
+# algorithm hyper-parameters by name (a name means the same thing in every algorithm that has it)
+ALGORITHM_PARAMS = {
+    "mu": Real(0), "alpha": Real(0, lo_open=True), "beta": Real(0), "tau": Real(0, lo_open=True),
+    "server_lr": Real(0, lo_open=True), "beta1": Real(0, 1, hi_open=True), "beta2": Real(0, 1, hi_open=True),
+    "lam": Real(0), "global_lr": Real(0, lo_open=True),
+}
+
+
+def _augmenter_params():
+    from .augmenters import fedmc, ggeur  # fedsim reaches the geometry through augmenters.py alone
+
+    positive = Int(1)
+    return {
+        "target_per_class": Int(0), "n_per_prototype": Int(0),
+        "prototypes": Either(Bool(), Choice("auto")), "noise": Choice(*ggeur.NOISE_MODES),
+        "n_prototypes": positive, "n_base": positive, "n_clusters": positive, "n_entries": positive,
+        "n_components": Either(positive, Choice("auto")),
+        "gamma": Either(Real(0, lo_open=True), Choice("median", "1/D")),
+        "epsilon": Real(0, lo_open=True, inf_ok=True, note="per DP release; inf = no noise"),
+        "epsilon_total": Either(Nothing(), Real(0, lo_open=True, inf_ok=True,
+                                                note="the whole budget of a client's DP releases")),
+        "delta": Real(0, 1, lo_open=True, hi_open=True),
+        "clip_norm": Real(0, lo_open=True),
+        "n_per_sample": Either(Nothing(), Int(0)), "steps": Either(Nothing(), positive),
+        "scale": Real(0), "method": Choice(*fedmc.PREIMAGE_METHODS), "formulation": Choice(*fedmc.FORMULATIONS),
+        "anchored": Bool(),
+    }
+
+
+# ------------------------------------------------------------------------------ checks
+def _where(field: str) -> str:
+    return f"{field} ({FLAGS[field]})" if field in FLAGS else field
+
+
+def check_device(where: str, v) -> str:
+    import torch
+
+    if not isinstance(v, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", v):
+        fail(where, "'cpu', 'cuda' or 'cuda:N'", v)
+    if v.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"config: {where} is {v!r} but CUDA is not available here; use 'cpu'")
+        index = int(v.split(":")[1]) if ":" in v else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"config: {where} is {v!r} but this machine has {torch.cuda.device_count()} "
+                              f"CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return v
+
+
+def _table(where: str, v) -> dict:
+    if not isinstance(v, dict):
+        fail(where, "a table of parameters", v)
+    for k in v:
+        if not isinstance(k, str):
+            fail(f"{where} keys", "strings", k)
+    return v
+
+
+def _params(where: str, given: dict, defaults: dict, table: dict, owner: str) -> None:
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"config: {where} has unknown key(s) {unknown}; {owner} takes "
+                          f"{sorted(defaults) or 'none'}")
+    for k, v in given.items():
+        kind = table.get(k) or _kind_of_default(defaults[k])
+        if kind is not None:
+            given[k] = check(f"{where}.{k}", kind, v)
+
+
+def _model_defaults(model: str) -> dict:
+    from .models import MODELS
+
+    sig = inspect.signature(MODELS[model].__init__)
+    return {n: p.default for n, p in sig.parameters.items()
+            if p.kind == p.KEYWORD_ONLY and p.default is not inspect.Parameter.empty}
+
+
+def check_config(cfg) -> None:
+    """Type, range and finiteness of every value of ``cfg`` (a RunConfig), in place (numpy
+    integers become ints); raises :class:`ConfigError` naming the first bad one."""
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    kinds = _run_fields()
+    for name, f in fields.items():
+        if name in ("methods", "model_params", "device"):
+            continue
+        v = getattr(cfg, name)
+        kind = kinds.get(name)
+        if kind is None and f.default is not dataclasses.MISSING:
+            kind = _kind_of_default(f.default)
+        if kind is not None:
+            setattr(cfg, name, check(_where(name), kind, v))
+    if cfg.seed + cfg.seeds - 1 > MAX_SEED:
+        raise ConfigError(f"config: seed (--seed) + seeds (--seeds) - 1 must be <= {MAX_SEED}, "
+                          f"got {cfg.seed} + {cfg.seeds} - 1")
+    check_device(_where("device"), cfg.device)
+    params = _table("model_params", cfg.model_params)
+    _params("model_params", params, _model_defaults(cfg.model),
+            {k: v for (m, k), v in MODEL_PARAMS.items() if m == cfg.model}, f"model {cfg.model!r}")
+    _check_methods(cfg.methods)
+
+
+def _check_methods(methods) -> None:
+    from .algorithms import ALGORITHMS
+    from .augmenters import AUGMENTERS
+    from .runner import MethodSpec, slug
+
+    if not isinstance(methods, list) or not methods:
+        fail("methods", "a non-empty list of methods ([[methods]] tables with name, algorithm, augmenter)",
+             methods)
+    aug_kinds = _augmenter_params()
+    runs = {}
+    for i, m in enumerate(methods):
+        if not isinstance(m, MethodSpec):
+            fail(f"methods[{i}]", "a method (a [[methods]] table)", m)
+        m.name = check(f"methods[{i}].name", Str(), m.name)
+        where = f"methods[{m.name}]"
+        s = slug(m.name)
+        if not s:
+            fail(f"{where}.name", "a name with at least one letter or digit (it names the run folder)", m.name)
+        if m.name in runs.values():
+            raise ConfigError(f"config: methods have the duplicate name {m.name!r}; every method needs its own")
+        if s in runs:
+            raise ConfigError(f"config: methods {runs[s]!r} and {m.name!r} would share the run folder "
+                              f"runs/{s}-seed*; give them names that differ in letters or digits")
+        runs[s] = m.name
+        algo = check(f"{where}.algorithm", Choice(*sorted(ALGORITHMS)), m.algorithm.lower()
+                     if isinstance(m.algorithm, str) else m.algorithm)
+        aug = check(f"{where}.augmenter", Choice(*sorted(AUGMENTERS)), m.augmenter)
+        ap = _table(f"{where}.algorithm_params", m.algorithm_params)
+        _params(f"{where}.algorithm_params", ap, ALGORITHMS[algo].defaults, ALGORITHM_PARAMS,
+                f"algorithm {algo!r}")
+        gp = _table(f"{where}.augmenter_params", m.augmenter_params)
+        _params(f"{where}.augmenter_params", gp, AUGMENTERS[aug].defaults, aug_kinds, f"augmenter {aug!r}")
+        p = {**AUGMENTERS[aug].defaults, **gp}
+        if p.get("formulation") == "paper" and p.get("method") == "coordinates":
+            raise ConfigError(f"config: {where}.augmenter_params: formulation 'paper' defines kernel-value "
+                              "targets: use method 'gd' or 'fixed_point' with it (or formulation 'consistent')")
+        if "epsilon" in gp and gp.get("epsilon_total") is not None:
+            raise ConfigError(f"config: {where}.augmenter_params sets both epsilon (per release) and "
+                              "epsilon_total (--epsilon-total, the whole budget split over the releases); "
+                              "give one of them")
+
+
+# ------------------------------------------------------------------------------ files and folders
+def check_out(out, *, resume: bool) -> Path:
+    """``--out`` (or ``--resume``'s folder) can hold a run: a folder, or a path whose nearest
+    existing ancestor is a writable folder."""
+    flag = "--resume" if resume else "--out"
+    out = Path(out)
+    if resume:
+        if not out.is_dir():
+            raise ConfigError(f"{flag} {out}: {'it is a file, not' if out.exists() else 'there is no'} "
+                              "run folder there")
+        return out
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag} {out} is an existing file; name a folder (new or holding no run)")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {out}: {parent} is a file, so no folder can be made under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {out}: the folder {parent} is not writable")
+    return out
+
+
+def read_config_json(path: Path) -> dict:
+    """A resumed run's config.json as a dict (a clear error for a damaged file)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc}); it is the run's configuration, so the "
+                          "run cannot be resumed: start it again with another --out") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object of configuration keys, got {_show(data)}")
+    return data
+
+
+# What `--resume DIR` may change: only the number of rounds, upwards (the first rounds are the same
+# whatever the total, so a longer run continues exactly as one started with the larger number).
+RESUMABLE = ("rounds",)
+
+
+def apply_resume_changes(cfg, changes: dict, out) -> list[str]:
+    """Apply ``changes`` (RunConfig field -> value given with ``--resume``) to the resumed ``cfg``:
+    the safe ones (more rounds) are applied, a value equal to the run's is accepted, anything
+    else is refused naming the flag. Returns the descriptions of what changed."""
+    applied = []
+    for key, value in changes.items():
+        old = getattr(cfg, key)
+        if key == "methods":
+            same = [dataclasses.asdict(m) for m in value] == [dataclasses.asdict(m) for m in old]
+            if not same:
+                raise ConfigError(f"--resume {out}: --algorithms/--augmenters/--epsilon-total would change the "
+                                  "run's methods; a resumed run keeps its configuration (only --rounds may grow): "
+                                  "start a new run with another --out to change them")
+            continue
+        flag = FLAGS.get(key, key)
+        if value == old and type(value) is type(old):
+            continue
+        if key in RESUMABLE:
+            value = check(_where(key), Int(1), value)
+            if value < old:
+                raise ConfigError(f"--resume {out}: {flag} {value} is fewer than the {old} rounds the run "
+                                  "was started with; a resumed run can only grow")
+            setattr(cfg, key, value)
+            applied.append(f"{key} {old} -> {value}")
+            continue
+        raise ConfigError(f"--resume {out}: {flag} {value!r} differs from the run's {key} = {old!r}; a resumed "
+                          "run keeps its configuration (only --rounds may grow): drop the flag, or start a "
+                          "new run with another --out")
+    return applied
+
+
+def check_cli_numbers(args) -> None:
+    """The numeric flags of every subcommand that are not configuration keys of a run (those are
+    checked with the RunConfig): range and finiteness, naming the flag."""
+    cores = os.cpu_count() or 1
+    kinds = {
+        "threads": Int(0, cores), "n": Int(1), "dim": Int(1), "clusters": Int(1), "components": Int(1),
+        "basis": Int(1), "holdout": Int(1), "steps": Int(1), "chunk_size": Int(1), "workers": Int(0),
+        "test_fraction": Real(0, 1, lo_open=True, hi_open=True),
+        "epsilon_total": Real(0, lo_open=True, inf_ok=True),
+    }
+    if args.command != "run":  # fedsim run's --seed and --batch-size are RunConfig keys
+        kinds.update(seed=Int(0, MAX_SEED), batch_size=Int(1))
+    for dest, kind in kinds.items():
+        v = getattr(args, dest, None)
+        if v is not None and not kind.ok(v):
+            what = kind.describe() + (" (0: torch's choice; at most this machine's cores)" if dest == "threads" else "")
+            raise ConfigError(f"--{dest.replace('_', '-')} must be {what}, got {_show(v)}")

@@ -1,0 +1,172 @@
+"""FLIC (Personalised Federated Learning On Heterogeneous Feature Spaces, TMLR 2024).
+
+Each client i maps its own feature space (dimension D_i) into a common d-dimensional space with
+a personal embedding phi_i (PersonalNet.embed, never shared); a FedRep-style model works in that
+space: the representation (PersonalNet.body) is averaged over *all* clients, the heads stay
+personal. What makes the common space common are class anchors on the server, one Gaussian
+N(v_c, Sigma_c) per class: a client's loss adds
+
+    lam * mean_c W2^2( N(m_c, S_c), N(v_c, Sigma_c) )
+
+over the classes c with >= 2 samples in the batch, (m_c, S_c) the batch's class-conditional mean
+and covariance of phi_i(x) (closed form, gk.gaussian_w2, batched over classes; S_c gets
+``ridge`` * I because a batch holds fewer samples of a class than d, and the square root is not
+differentiable at a rank-deficient matrix). After local training a client uploads, per class,
+the count, mean and covariance (+ ridge * I) of phi_i over its training rows (d-dimensional: D_i never leaves
+the client); the server replaces each anchor by the count-weighted W2 barycentre of the clients'
+class Gaussians (gk.gaussian_barycenter), a class nobody holds keeping its anchor. Anchors start
+at v_c ~ N(0, anchor_scale^2 I_d), Sigma_c = anchor_var * I_d, drawn from the run's seed.
+
+Optional (``anchor_ce`` > 0, default 0; the official code has such a term, the issue's method
+text does not): the loss also adds anchor_ce * CE of representation + head on one sample drawn
+from the anchor of each row's class, so the shared representation learns the anchors' classes.
+
+Optional (``align_epochs`` > 0, default 0; also the official code's, not the issue's): at its
+first participation a client first fits phi_i to the anchors alone (W2 term only, full batch).
+
+Shared: the representation weights and the anchors (C x (d + d^2) numbers). Not shared: phi_i,
+the heads, the raw features and their dimension.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+import geomkern as gk
+from geomkern.exchange import nbytes
+
+from . import register
+from .base import ClientContext, Params, weighted_average
+from .local import PersonalAlgorithm
+
+
+@register
+class FLIC(PersonalAlgorithm):
+    name = "flic"
+    shared_prefixes = ("body.",)
+    # lam: the W2 term is a sum over d coordinates; lam = 1 made local SGD (lr 0.05, momentum 0.9)
+    # diverge within round 0 on the toy problems, 0.1 and 0.01 did not (docs/flic.md)
+    defaults = {"head_epochs": 1, "lam": 0.1, "ridge": 1e-2, "anchor_scale": 1.0, "anchor_var": 0.1,
+                "anchor_ce": 0.0, "align_epochs": 0}
+
+    def __init__(self, **hparams):
+        super().__init__(**hparams)
+        for key, lo in (("lam", 0.0), ("anchor_ce", 0.0), ("ridge", None), ("anchor_scale", None), ("anchor_var", None)):
+            v = self.hp[key]
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+                (v >= lo if lo is not None else v > 0)
+            if not ok:
+                raise ValueError(f"flic: {key} must be a finite number {'>= 0' if lo is not None else '> 0'}, got {v!r}")
+        self.anchor_means: torch.Tensor | None = None  # (C, d) float64
+        self.anchor_covs: torch.Tensor | None = None  # (C, d, d) float64
+        self.aligned: set[int] = set()  # clients whose phi_i went through the alignment phase
+        a = self.hp["align_epochs"]
+        if isinstance(a, bool) or not isinstance(a, int) or a < 0:
+            raise ValueError(f"flic: align_epochs must be an integer >= 0, got {a!r}")
+
+    def setup(self, *, n_classes, embed_dim, seed, device):
+        g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 0xF11C]).generate_state(1)[0]))
+        self.anchor_means = (self.hp["anchor_scale"] * torch.randn(n_classes, embed_dim, generator=g,
+                                                                   dtype=torch.float64)).to(device)
+        self.anchor_covs = (self.hp["anchor_var"] * torch.eye(embed_dim, dtype=torch.float64)
+                            ).expand(n_classes, embed_dim, embed_dim).clone().to(device)
+
+    # ------------------------------------------------------------------ client
+    def begin_client(self, ctx: ClientContext) -> None:
+        if self.hp["align_epochs"] and ctx.cid not in self.aligned:
+            self._pre_align(ctx)
+        if self.hp["anchor_ce"] > 0:  # one stream per (seed, round, client, phase): resume-exact
+            key = np.random.SeedSequence([self.seed, ctx.round, ctx.cid, 0xF11C, ctx.steps]).generate_state(1)[0]
+            ctx.scratch["anchor_gen"] = torch.Generator(device=ctx.x.device).manual_seed(int(key))
+            ctx.scratch["anchor_chol"] = torch.linalg.cholesky(self.anchor_covs)
+
+    def extra_loss(self, ctx: ClientContext, x, y, logits, features):
+        terms = [t for t in (self._alignment(ctx, y, features), self._anchor_ce(ctx, y)) if t is not None]
+        return sum(terms) if terms else None
+
+    def _pre_align(self, ctx: ClientContext) -> None:
+        """At a client's first participation: ``align_epochs`` full-batch SGD steps (the run's lr and
+        momentum) on phi_i alone, loss = the W2 alignment term only (the official code's alignment
+        phase before federated training)."""
+        embed = ctx.model.embed
+        flags = [p.requires_grad for p in embed.parameters()]
+        for p in embed.parameters():
+            p.requires_grad_(True)
+        opt = torch.optim.SGD(embed.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+        x, y = ctx.x[:ctx.n_real], ctx.y[:ctx.n_real]
+        for _ in range(self.hp["align_epochs"]):
+            loss = self._alignment(ctx, y, embed(x))
+            if loss is None:
+                break
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        for p, f in zip(embed.parameters(), flags):
+            p.requires_grad_(f)
+        self.aligned.add(ctx.cid)
+
+    def _anchor_ce(self, ctx: ClientContext, y):
+        """anchor_ce * CE of representation + head on one anchor sample z' ~ N(v_y, Sigma_y) per row."""
+        if self.hp["anchor_ce"] == 0:
+            return None
+        eps = torch.randn(y.shape[0], self.anchor_means.shape[1], generator=ctx.scratch["anchor_gen"],
+                          dtype=torch.float64, device=y.device)
+        z = self.anchor_means[y] + (ctx.scratch["anchor_chol"][y] @ eps.unsqueeze(-1)).squeeze(-1)
+        model = ctx.model
+        logits = model.head(model.body(z.to(next(model.parameters()).dtype)))
+        return self.hp["anchor_ce"] * F.cross_entropy(logits, y)
+
+    def _alignment(self, ctx: ClientContext, y, features):
+        if self.hp["lam"] == 0 or not any(p.requires_grad for p in ctx.model.embed.parameters()):
+            return None  # the head phase: phi_i is frozen, the term has no gradient
+        z = features.to(torch.float64)
+        onehot = F.one_hot(y, ctx.n_classes).to(torch.float64).T  # (C, b)
+        n = onehot.sum(1)
+        keep = n >= 2
+        if not bool(keep.any()):
+            return None
+        onehot, n = onehot[keep], n[keep]
+        mean = onehot @ z / n[:, None]  # (c, d)
+        zc = (z.unsqueeze(0) - mean.unsqueeze(1)) * onehot.unsqueeze(-1)  # (c, b, d), zero off-class
+        eye = torch.eye(z.shape[1], dtype=z.dtype, device=z.device)
+        cov = zc.mT @ zc / n[:, None, None] + self.hp["ridge"] * eye
+        # the anchor first: bures' gradient is exact in its second argument (see gk.bures)
+        w2 = gk.gaussian_w2(self.anchor_means[keep], self.anchor_covs[keep], mean, cov)
+        return self.hp["lam"] * w2.mean().to(features.dtype)
+
+    @torch.no_grad()
+    def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        ctx.model.eval()
+        z = ctx.model(ctx.x[:ctx.n_real])[1].to(torch.float64)
+        ctx.model.train()
+        counts, means, covs = gk.class_moments(z, ctx.y[:ctx.n_real], ctx.n_classes)
+        # the loss's ridge here too: anchors (barycentres of these) then stay >= ridge * I, which
+        # bounds the square root's backward (1 / (s_i + s_j)) when the anchor is the first argument
+        covs = covs + self.hp["ridge"] * torch.eye(z.shape[1], dtype=covs.dtype, device=covs.device)
+        return {"class_counts": counts.to(torch.float64), "class_means": means.float(), "class_covs": covs.float()}
+
+    # ------------------------------------------------------------------ server
+    def aggregate(self, global_params: Params, updates, *, n_clients: int) -> Params:
+        counts = torch.stack([u.extras["class_counts"] for u in updates]).to(self.anchor_means.device)
+        means = torch.stack([u.extras["class_means"] for u in updates]).to(self.anchor_means)
+        covs = torch.stack([u.extras["class_covs"] for u in updates]).to(self.anchor_means)
+        covs = 0.5 * (covs + covs.mT)  # float32 upload round-off
+        v, S = gk.gaussian_barycenter(counts, means, covs)
+        held = counts.sum(0) > 0
+        self.anchor_means = torch.where(held[:, None], v, self.anchor_means)
+        self.anchor_covs = torch.where(held[:, None, None], S, self.anchor_covs)
+        return weighted_average(updates)
+
+    def download_bytes(self, global_params: Params) -> int:
+        return nbytes(*global_params.values()) + nbytes(self.anchor_means.float(), self.anchor_covs.float())
+
+    def state_dict(self) -> dict:
+        return {"anchor_means": self.anchor_means, "anchor_covs": self.anchor_covs,
+                "aligned": torch.tensor(sorted(self.aligned), dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.anchor_means, self.anchor_covs = state["anchor_means"], state["anchor_covs"]
+        self.aligned = set(state["aligned"].tolist())

@@ -1,0 +1,45 @@
+"""Personalised algorithms (each client keeps its own model) and ``local``: every client alone.
+
+A personalised algorithm runs on the personalised path (fedsim/personal.py): each client owns a
+``PersonalNet`` (embedding phi_i: its own D_i -> d, representation d -> h, head h -> C) and the
+algorithm says which of its parameters are shared (``shares``) and with whom (``group``). Local
+training follows FedRep's schedule for every personalised algorithm alike (matched compute):
+``head_epochs`` epochs on the head with the rest frozen, then ``local_epochs`` epochs on the rest
+with the head frozen. Evaluation is per client, on the client's own test split.
+"""
+from __future__ import annotations
+
+from . import register
+from .base import Algorithm
+
+
+class PersonalAlgorithm(Algorithm):
+    personal = True
+    shared_prefixes: tuple[str, ...] = ()  # parameter-name prefixes of PersonalNet that are averaged
+    defaults = {"head_epochs": 1}
+
+    def __init__(self, **hparams):
+        super().__init__(**hparams)
+        h = self.hp["head_epochs"]
+        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+            raise ValueError(f"{self.name}: head_epochs must be an integer >= 0, got {h!r}")
+
+    def shares(self, key: str) -> bool:
+        return bool(self.shared_prefixes) and key.startswith(self.shared_prefixes)
+
+    def group(self, cid: int, space: str) -> str:
+        """The federation a client belongs to: clients of one group average their shared parameters."""
+        return "all"
+
+    def setup(self, *, n_classes: int, embed_dim: int, seed: int, device) -> None:
+        """Server state that depends on the problem (FLIC's anchors); called before round 0."""
+
+
+@register
+class Local(PersonalAlgorithm):
+    """Each client trains its own model on its own data; nothing leaves the client."""
+
+    name = "local"
+
+    def group(self, cid, space):
+        return f"client{cid}"

@@ -1,0 +1,110 @@
+"""FLIC's two toy problems (heterogeneous feature spaces, FLIC paper §5), generated
+from a seed: ``--dataset toy:noisy-features`` and ``--dataset toy:linear-mapping``.
+
+Both start from the same latent problem: C classes, class c ~ N(mu_c, I_p) in a latent space of
+dimension p, with mu_c ~ N(0, separation^2 I_p) drawn once per seed. What differs is how a client
+sees a latent sample z:
+
+* noisy-features: x = [z, e], e ~ N(0, noise^2 I_{k_s}) with k_s extra noise dimensions drawn
+  per feature space s (so D_s = p + k_s);
+* linear-mapping: x = A_s z with A_s (D_s, p), entries N(0, 1/p), and D_s drawn per space.
+
+Feature spaces: ``n_spaces`` spaces (default n_clients // 4, at least 1), clients assigned round
+robin, so a space is held by ~4 clients. A client-specific space for every client is
+``n_spaces=n_clients``; the default groups clients so that "FedRep restricted to the clients
+sharing a feature space" has something to share (the issue's baseline).
+
+Labels: every client holds all C classes (or ``classes_per_client`` of them, a seeded subset per
+client: label skew as in the official code's shards), drawn uniformly, ``n_train`` training and
+``n_test`` test rows per client. Same seed, same everything (latent means, maps, dimensions, rows).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .dataset import ClientSplit, PersonalDataset
+
+DEFAULTS = {"n_classes": 5, "latent_dim": 8, "separation": 1.0, "n_train": 40, "n_test": 200,
+            "dim_range": (10, 40), "noise": 1.0, "classes_per_client": None}
+
+
+def _latent(rng, n_classes, latent_dim, separation):
+    return rng.normal(0.0, separation, size=(n_classes, latent_dim))
+
+
+def _draw(rng, means, n, classes):
+    y = classes[rng.integers(0, len(classes), size=n)]
+    return means[y] + rng.normal(size=(n, means.shape[1])), y
+
+
+def _spaces(n_clients, n_spaces):
+    n_spaces = max(1, n_clients // 4) if n_spaces is None else int(n_spaces)
+    if not 1 <= n_spaces <= n_clients:
+        raise ValueError(f"n_spaces must lie in [1, n_clients={n_clients}], got {n_spaces}")
+    return n_spaces, [cid % n_spaces for cid in range(n_clients)]
+
+
+def _build(kind, n_clients, seed, n_spaces, view_of, **kw):
+    p = {**DEFAULTS, **kw}
+    if n_clients < 1:
+        raise ValueError(f"n_clients must be >= 1, got {n_clients}")
+    rng = np.random.default_rng([seed, 0x70F])
+    means = _latent(rng, p["n_classes"], p["latent_dim"], p["separation"])
+    n_spaces, space_of = _spaces(n_clients, n_spaces)
+    lo, hi = p["dim_range"]
+    views = [view_of(rng, int(rng.integers(lo, hi + 1)), p) for _ in range(n_spaces)]
+    clients = []
+    for cid in range(n_clients):
+        s = space_of[cid]
+        crng = np.random.default_rng([seed, 0x70F, cid + 1])
+        k = p["classes_per_client"]
+        classes = np.arange(p["n_classes"]) if k is None else np.sort(crng.choice(p["n_classes"], k, replace=False))
+        parts = []
+        for n in (p["n_train"], p["n_test"]):
+            z, y = _draw(crng, means, n, classes)
+            parts += [torch.from_numpy(views[s](crng, z).astype(np.float32)), torch.from_numpy(y.astype(np.int64))]
+        clients.append(ClientSplit(*parts, n_classes=p["n_classes"], space=f"s{s}"))
+    meta = {"generator": f"fedsim.data.toy:{kind}", "seed": seed, "n_spaces": n_spaces,
+            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
+    return PersonalDataset(name=f"toy:{kind}", clients=clients,
+                           class_names=[f"class{c}" for c in range(p["n_classes"])], meta=meta)
+
+
+def noisy_features(n_clients: int = 20, *, seed: int = 0, n_spaces: int | None = None, **kw) -> PersonalDataset:
+    """Latent class Gaussians plus k_s extra N(0, noise^2) dimensions per space (D_s in dim_range)."""
+    lat = {**DEFAULTS, **kw}["latent_dim"]
+
+    def view(rng, dim, p):
+        if dim <= lat:
+            raise ValueError(f"dim_range must lie above latent_dim={lat} (noise dimensions are added)")
+        k = dim - lat
+        return lambda crng, z: np.concatenate([z, crng.normal(0.0, p["noise"], size=(z.shape[0], k))], axis=1)
+
+    return _build("noisy-features", n_clients, seed, n_spaces, view, **kw)
+
+
+def linear_mapping(n_clients: int = 20, *, seed: int = 0, n_spaces: int | None = None, **kw) -> PersonalDataset:
+    """Latent class Gaussians mapped by a random A_s (D_s, p), entries N(0, 1/p), per space."""
+
+    def view(rng, dim, p):
+        A = rng.normal(0.0, 1.0 / np.sqrt(p["latent_dim"]), size=(dim, p["latent_dim"]))
+        return lambda crng, z: z @ A.T
+
+    return _build("linear-mapping", n_clients, seed, n_spaces, view, **kw)
+
+
+TOYS = {"noisy-features": noisy_features, "linear-mapping": linear_mapping}
+
+
+def is_toy(name) -> bool:
+    return isinstance(name, str) and name.startswith("toy:")
+
+
+def load_toy(name: str, *, n_clients: int, seed: int) -> PersonalDataset:
+    """``"toy:NAME"`` -> the generated dataset for ``seed``."""
+    kind = name.split(":", 1)[1]
+    if kind not in TOYS:
+        raise ValueError(f"dataset {name!r}: unknown toy problem; choose one of "
+                         f"{['toy:' + k for k in sorted(TOYS)]}")
+    return TOYS[kind](n_clients, seed=seed)

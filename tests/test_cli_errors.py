@@ -1,0 +1,146 @@
+"""Issue 21 item 1: every bad value of `fedsim run` (flag or config-file key) is refused with exit
+code 2, one `fedsim: error:` line naming the flag or key, no traceback, and no run folder."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedsim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (extra flags of `fedsim run`, what the message must name)
+CLI = [
+    (["--beta", "inf"], "--beta"), (["--beta", "nan"], "--beta"), (["--beta", "-1"], "--beta"),
+    (["--lr", "inf"], "--lr"), (["--lr", "nan"], "--lr"), (["--lr", "0"], "--lr"),
+    (["--fraction", "0"], "--fraction"), (["--fraction", "1.5"], "--fraction"), (["--fraction", "nan"], "--fraction"),
+    (["--clients", "0"], "--clients"), (["--clients", "-3"], "--clients"),
+    (["--rounds", "0"], "--rounds"), (["--rounds", "2.5"], "--rounds"), (["--rounds", "abc"], "--rounds"),
+    (["--epochs", "0"], "--epochs"), (["--batch-size", "0"], "--batch-size"), (["--min-size", "0"], "--min-size"),
+    (["--seed", "-1"], "--seed"), (["--seed", "1.5"], "--seed"), (["--seeds", "0"], "--seeds"),
+    (["--seed", str(2 ** 63)], "--seed"),
+    (["--device", "gpu"], "--device"), (["--device", "cuda:x"], "--device"), (["--device", ""], "--device"),
+    (["--device", "cuda:99"], "--device"),
+    (["--model", "resnet"], "--model"), (["--partition", "zipf"], "--partition"),
+    (["--threads", "-1"], "--threads"), (["--threads", "100000"], "--threads"),
+    (["--feature-shift", "inf"], "--feature-shift"), (["--feature-shift", "-1"], "--feature-shift"),
+    (["--feature-noise", "nan"], "--feature-noise"),
+    (["--algorithms", "fedsgd"], "fedsgd"), (["--augmenters", "mixup"], "mixup"),
+    (["--epsilon-total", "0", "--augmenters", "fedmc"], "--epsilon-total"),
+    (["--epsilon-total", "nan", "--augmenters", "fedmc"], "--epsilon-total"),
+    (["--epsilon-total", "1", "--augmenters", "ggeur"], "--epsilon-total"),
+    (["--dataset", "nope.npz"], "nope.npz"), (["--config", "missing.toml"], "missing.toml"),
+    (["--resume", "nowhere"], "--resume"),
+]
+
+_FEDMC = '[[methods]]\nname = "m"\naugmenter = "fedmc"\n[methods.augmenter_params]\n'
+_GGEUR = '[[methods]]\nname = "m"\naugmenter = "ggeur"\n[methods.augmenter_params]\n'
+
+
+def _algo(name):
+    return f'[[methods]]\nname = "m"\nalgorithm = "{name}"\n[methods.algorithm_params]\n'
+
+
+# (config file text, what the message must name)
+TOML = [
+    ("device = 5", "device"), ('device = "tpu"', "device"), ('beta = "0.1"', "beta"), ('zero_shot = "no"', "zero_shot"),
+    ("seed = 1.5", "seed"), ("seed = -3", "seed"), ("rounds = 2.0", "rounds"), ("n_clients = true", "n_clients"),
+    ("lr = inf", "lr"), ("lr = nan", "lr"), ("momentum = 1.5", "momentum"), ("weight_decay = -1", "weight_decay"),
+    ("client_fraction = 0", "client_fraction"), ("dataset = 5", "dataset"), ("methods = 3", "methods"),
+    ("methods = []", "methods"), ("learning_rate = 3", "learning_rate"), ("rounds = [", "not valid TOML"),
+    ('model = "mlp"\n[model_params]\nhidden = 0', "model_params.hidden"),
+    ('model = "mlp"\n[model_params]\nhidden = 1.5', "model_params.hidden"),
+    ("[model_params]\nbogus = 1", "bogus"), ("model_params = 3", "model_params"),
+    ("[model_params]\nscale = inf", "model_params.scale"),
+    (_FEDMC + "n_components = 0", "n_components"), (_FEDMC + 'n_components = "all"', "n_components"),
+    (_FEDMC + "epsilon = -1.0", "epsilon"), (_FEDMC + "epsilon = nan", "epsilon"), (_FEDMC + "delta = 2.0", "delta"),
+    (_FEDMC + 'gamma = "wide"', "gamma"), (_FEDMC + "gamma = 0", "gamma"), (_FEDMC + "clip_norm = inf", "clip_norm"),
+    (_FEDMC + "n_base = 0", "n_base"), (_FEDMC + "steps = 0", "steps"), (_FEDMC + 'anchored = "yes"', "anchored"),
+    (_FEDMC + 'formulation = "paper"\nmethod = "coordinates"', "formulation"), (_FEDMC + "n_comp = 3", "n_comp"),
+    (_FEDMC + "epsilon = 1.0\nepsilon_total = 2.0", "epsilon_total"), (_FEDMC + "epsilon_total = 0", "epsilon_total"),
+    (_GGEUR + 'noise = "x"', "noise"), (_GGEUR + "target_per_class = -1", "target_per_class"),
+    (_GGEUR + 'prototypes = "some"', "prototypes"),
+    (_algo("fedprox") + 'mu = "a"', "mu"), (_algo("fedopt") + "server_lr = inf", "server_lr"),
+    (_algo("fedopt") + "beta1 = 1.0", "beta1"), (_algo("feddyn") + "alpha = 0", "alpha"),
+    (_algo("moon") + "tau = 0", "tau"), (_algo("scaffold") + "global_lr = nan", "global_lr"),
+    ('[[methods]]\nname = ""', "name"), ("[[methods]]\nname = 5", "name"),
+    ('[[methods]]\nname = "m"\nalgorithm = 5', "algorithm"), ('[[methods]]\nname = "m"\naugmenter = "x"', "augmenter"),
+    ('[[methods]]\nname = "m"\nalgorithm_params = 3', "algorithm_params"),
+    ('[[methods]]\nname = "m"\nbogus = 1', "methods[0]"),
+    ('[[methods]]\nname = "a"\n[[methods]]\nname = "a"', "duplicate"),
+    ('[[methods]]\nname = "a b"\n[[methods]]\nname = "a-b"', "run folder"),
+]
+
+
+def _check(rc, err, name, out: Path):
+    assert rc == 2, err
+    assert "Traceback" not in err, err
+    assert name in err, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(("fedsim: error:", "fedsim run: error:")), err
+    if lines[-1].startswith("fedsim: error:"):  # argparse's own errors come after a usage line
+        assert len(lines) == 1, err
+    assert not out.exists(), "a rejected configuration left a run folder"
+
+
+def _run(argv, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse: usage + "fedsim run: error: argument --x: ..."
+        rc = exc.code
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra,name", CLI, ids=[" ".join(a) for a, _ in CLI])
+def test_bad_flag_values(tmp_path, capsys, monkeypatch, extra, name):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o"
+    rc, err = _run(["run", "--quiet", "--out", str(out)] + extra
+                   if "--resume" not in extra else ["run", "--quiet"] + extra, capsys)
+    _check(rc, err, name, out)
+
+
+@pytest.mark.parametrize("text,name", TOML, ids=[t.replace("\n", " ")[-40:] for t, _ in TOML])
+def test_bad_config_file_values(tmp_path, capsys, text, name):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text + "\n")
+    out = tmp_path / "o"
+    rc, err = _run(["run", "--quiet", "--config", str(cfg), "--out", str(out)], capsys)
+    _check(rc, err, name, out)
+
+
+def test_out_naming_an_existing_file(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("keep")
+    rc, err = _run(["run", "--quiet", "--out", str(f)], capsys)
+    _check(rc, err, "--out", tmp_path / "nothing")
+    assert f.read_text() == "keep"
+
+
+def test_other_subcommands_flags(tmp_path, capsys):
+    for argv, name in ((["demo", "--n", "0"], "--n"), (["demo", "--steps", "0"], "--steps"),
+                       (["demo", "--seed", "-2"], "--seed"), (["demo", "--threads", "-1"], "--threads"),
+                       (["import", "--train-x", "a.npy", "--train-y", "b.npy", "--out", str(tmp_path / "d.npz"),
+                         "--test-fraction", "1.5"], "--test-fraction")):
+        rc, err = _run(argv, capsys)
+        _check(rc, err, name, tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("argv,text,name", [
+    (["--beta", "inf"], None, "--beta"),
+    ([], "device = 5", "device"),
+    ([], '[[methods]]\nname = "m"\naugmenter = "fedmc"\n[methods.augmenter_params]\nn_components = 0',
+     "n_components"),
+])
+def test_the_installed_command_prints_no_traceback(tmp_path, argv, text, name):
+    """The real entry point, in a fresh process: exit code 2 and one line on stderr."""
+    if text is not None:
+        (tmp_path / "c.toml").write_text(text + "\n")
+        argv = argv + ["--config", str(tmp_path / "c.toml")]
+    proc = subprocess.run([sys.executable, "-m", "fedsim.cli", "run", "--quiet", "--out", str(tmp_path / "o")] + argv,
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and name in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

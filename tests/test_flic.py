@@ -1,0 +1,214 @@
+"""FLIC, FedRep, local and the personalised path: toy generators, feature-space isolation, resume,
+refusals, personalised evaluation in results.json."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import geomkern as gk
+from fedsim.algorithms import build_algorithm
+from fedsim.algorithms.base import ClientContext
+from fedsim.algorithms.flic import FLIC
+from fedsim.data.dataset import ClientSplit, PersonalDataset
+from fedsim.data.toy import linear_mapping, load_toy, noisy_features
+from fedsim.models import PersonalNet
+from fedsim.personal import personal_dataset, run_personal_method
+from fedsim.runner import MethodSpec, RunConfig, run
+
+
+# ------------------------------------------------------------------------------ toy generators
+@pytest.mark.parametrize("make", [noisy_features, linear_mapping])
+def test_toy_reproduces_from_seed(make):
+    a, b, c = make(9, seed=5, n_spaces=3), make(9, seed=5, n_spaces=3), make(9, seed=6, n_spaces=3)
+    for ca, cb in zip(a.clients, b.clients):
+        for k in ("x_train", "y_train", "x_test", "y_test"):
+            assert torch.equal(getattr(ca, k), getattr(cb, k))
+    assert any(not torch.equal(ca.x_train, cc.x_train) for ca, cc in zip(a.clients, c.clients)
+               if ca.dim == cc.dim) or [x.dim for x in a.clients] != [x.dim for x in c.clients]
+
+
+@pytest.mark.parametrize("make", [noisy_features, linear_mapping])
+def test_toy_dimensions_and_class_structure(make):
+    ds = make(12, seed=1, n_spaces=4, dim_range=(12, 30), latent_dim=6, n_classes=4, n_train=60, n_test=300)
+    assert len(ds.clients) == 12 and ds.n_classes == 4 and len(ds.spaces) == 4
+    for cid, c in enumerate(ds.clients):
+        assert c.space == f"s{cid % 4}"  # round robin
+        assert 12 <= c.dim <= 30 and c.x_test.shape[1] == c.dim and c.x_train.shape == (60, c.dim)
+        assert ds.spaces[c.space] == c.dim
+        assert set(c.y_test.tolist()) == set(range(4))
+    # one space, one map: its clients' rows span the latent dimension (linear) or carry the latent
+    # coordinates first (noisy); the classes are separable by nearest class mean on the test rows
+    for c in ds.clients:
+        x = torch.cat([c.x_train, c.x_test]).double()
+        if make is linear_mapping:
+            assert int(torch.linalg.matrix_rank(x, rtol=1e-5)) == 6  # float32 rows
+        else:
+            tail = x[:, 6:]
+            assert abs(float(tail.std()) - 1.0) < 0.1  # pure N(0, 1) noise dimensions
+        mu = torch.stack([c.x_train[c.y_train == k].mean(0) for k in range(4)])
+        pred = torch.cdist(c.x_test, mu).argmin(1)
+        assert float((pred == c.y_test).float().mean()) > 0.5  # chance is 0.25
+
+
+def test_toy_label_skew():
+    ds = linear_mapping(8, seed=2, n_spaces=8, n_classes=10, classes_per_client=2, n_train=30, n_test=30)
+    subsets = [set(c.y_train.tolist()) for c in ds.clients]
+    assert all(len(sub) == 2 and set(c.y_test.tolist()) == sub for sub, c in zip(subsets, ds.clients))
+    assert len({tuple(sorted(sub)) for sub in subsets}) > 1 and ds.n_classes == 10
+
+
+def test_toy_name_errors():
+    with pytest.raises(ValueError, match="unknown toy problem"):
+        load_toy("toy:spiral", n_clients=3, seed=0)
+
+
+# ------------------------------------------------------------------------------ dataset refusals
+def _split(n_classes=3, n_train=6, n_test=4, dim=5, space="0"):
+    g = torch.Generator().manual_seed(0)
+    return ClientSplit(torch.randn(n_train, dim, generator=g), torch.arange(n_train) % n_classes,
+                       torch.randn(n_test, dim, generator=g), torch.arange(n_test) % n_classes,
+                       n_classes=n_classes, space=space)
+
+
+def test_disagreeing_class_counts_rejected():
+    with pytest.raises(ValueError, match="disagree on the number of classes"):
+        PersonalDataset("bad", [_split(3), _split(2)], class_names=["a", "b", "c"])
+
+
+def test_empty_split_rejected():
+    with pytest.raises(ValueError, match="client 1 has an empty test split"):
+        PersonalDataset("bad", [_split(), _split(n_test=0)], class_names=["a", "b", "c"])
+    with pytest.raises(ValueError, match="client 0 has an empty train split"):
+        PersonalDataset("bad", [_split(n_train=0)], class_names=["a", "b", "c"])
+
+
+def test_space_with_two_dimensions_rejected():
+    with pytest.raises(ValueError, match="differ in dimension"):
+        PersonalDataset("bad", [_split(dim=5), _split(dim=6)], class_names=["a", "b", "c"])
+
+
+# ------------------------------------------------------------------------------ FLIC's loss
+def test_flic_alignment_term_is_the_closed_form_w2():
+    algo = build_algorithm("flic", lam=0.5, ridge=0.01)
+    algo.setup(n_classes=3, embed_dim=4, seed=0, device="cpu")
+    model = PersonalNet(7, 3, embed_dim=4, embed_hidden=8, hidden=8)
+    ctx = ClientContext(cid=0, round=0, model=model, global_params={}, x=torch.zeros(1, 7), y=torch.zeros(1),
+                        n_real=1, n_classes=3, lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(9, 4, generator=g, requires_grad=True)
+    y = torch.tensor([0, 0, 0, 1, 1, 2, 0, 1, 1])  # class 2 has one sample: no covariance, skipped
+    got = algo.extra_loss(ctx, None, y, None, z)
+    want = []
+    for c in (0, 1):
+        zc = z[y == c].double()
+        m = zc.mean(0)
+        S = (zc - m).T @ (zc - m) / len(zc) + 0.01 * torch.eye(4, dtype=torch.float64)
+        want.append(gk.gaussian_w2(algo.anchor_means[c], algo.anchor_covs[c], m, S))
+    assert torch.allclose(got.double(), 0.5 * torch.stack(want).mean(), rtol=1e-5)
+    got.backward()
+    assert bool(torch.isfinite(z.grad).all()) and float(z.grad[y == 2].abs().max()) == 0
+    for p in model.embed.parameters():  # the head phase: phi frozen, no term
+        p.requires_grad_(False)
+    assert algo.extra_loss(ctx, None, y, None, z) is None
+
+
+# ------------------------------------------------------------------------------ the personalised path
+def _cfg(**kw):
+    base = dict(dataset="toy:linear-mapping", n_clients=6, rounds=3, local_epochs=1, batch_size=32, lr=0.05,
+                methods=[MethodSpec("Local", "local"), MethodSpec("FedRep", "fedrep"), MethodSpec("FLIC", "flic")],
+                model="personal", model_params={"embed_dim": 4, "embed_hidden": 8, "hidden": 8})
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_dimension_never_leaks(monkeypatch, tmp_path):
+    """A client's D_i appears in its own data and phi_i only: never in what it uploads, what the
+    server holds or what another client holds."""
+    ds = linear_mapping(6, seed=0, n_spaces=6, dim_range=(41, 60), n_train=20, n_test=20)
+    dims = {c.dim for c in ds.clients}
+    assert len(dims) > 1 and not dims & {4, 8, ds.n_classes}
+    uploads = []
+    orig = FLIC.aggregate
+
+    def recording(self, global_params, updates, *, n_clients):
+        uploads.extend(updates)
+        return orig(self, global_params, updates, n_clients=n_clients)
+
+    monkeypatch.setattr(FLIC, "aggregate", recording)
+    cfg = _cfg(rounds=1)
+    run_personal_method(cfg, cfg.methods[2], 0, ds, tmp_path, progress=False)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert len(uploads) == 6
+    for u in uploads:
+        for k, t in {**u.params, **u.extras}.items():
+            assert not set(t.shape) & dims, (k, tuple(t.shape))
+    for t in [*state["shared"]["all"].values(), *state["algorithm"].values()]:
+        assert not set(t.shape) & dims
+    for cid, c in enumerate(ds.clients):
+        shapes = {s for t in state["personal"][cid].values() for s in t.shape}
+        assert c.dim in shapes and not (shapes & (dims - {c.dim}))
+        assert not any(k.startswith("body.") for k in state["personal"][cid])  # the shared part is not personal
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    """Three rounds straight vs. one round, then the same run continued from its checkpoint to three."""
+    ds = linear_mapping(6, seed=0, n_spaces=3, n_train=24, n_test=30)
+    # FedRep (per-space groups), FLIC (anchors: server state), FLIC drawing anchor samples (random streams)
+    extra = MethodSpec("FLIC-ce", "flic", algorithm_params={"anchor_ce": 0.5, "align_epochs": 5})
+    for spec in _cfg().methods[1:] + [extra]:
+        a, b = tmp_path / f"a-{spec.name}", tmp_path / f"b-{spec.name}"
+        straight, _ = run_personal_method(_cfg(rounds=3), spec, 0, ds, a, progress=False)
+        run_personal_method(_cfg(rounds=1), spec, 0, ds, b, progress=False)
+        resumed, _ = run_personal_method(_cfg(rounds=3), spec, 0, ds, b, progress=False)
+        assert straight == resumed
+        sa, sb = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (a, b))
+        for pa, pb in zip(sa["personal"], sb["personal"]):
+            assert all(torch.equal(pa[k], pb[k]) for k in pa)
+        for g in sa["shared"]:
+            assert all(torch.equal(sa["shared"][g][k], sb["shared"][g][k]) for k in sa["shared"][g])
+        for k, v in sa["algorithm"].items():
+            assert torch.equal(v, sb["algorithm"][k])
+
+
+def test_personalised_results_and_table(tmp_path):
+    cfg = _cfg(rounds=2, seeds=2)
+    cfg.methods = [cfg.methods[0], cfg.methods[2]]
+    res = run(cfg, tmp_path / "r", progress=False)
+    on_disk = json.loads((tmp_path / "r" / "results.json").read_text())
+    for name in ("Local", "FLIC"):
+        for s in ("0", "1"):
+            v = on_disk["methods"][name]["seeds"][s]
+            assert len(v["client_accuracy"]) == 6 and all(0 <= a <= 1 for a in v["client_accuracy"])
+            assert v["final_accuracy"] == pytest.approx(sum(v["client_accuracy"]) / 6)
+        assert "client_accuracy_std" in on_disk["methods"][name]["summary"]
+    assert res["methods"]["Local"]["summary"]["bytes_up"]["mean"] == 0  # nothing leaves a local client
+    assert res["methods"]["FLIC"]["summary"]["bytes_up"]["mean"] > 0
+    assert "client acc std %" in (tmp_path / "r" / "table.txt").read_text()
+
+
+def test_global_model_methods_refused_on_heterogeneous_spaces(tmp_path):
+    with pytest.raises(ValueError, match="different feature spaces"):
+        run(_cfg(methods=[MethodSpec("FedAvg"), MethodSpec("FLIC", "flic")]), tmp_path / "x", progress=False)
+    assert not (tmp_path / "x" / "config.json").exists()
+
+
+def test_fedrep_on_homogeneous_data(tmp_path):
+    cfg = _cfg(dataset="default", partition="iid", n_clients=4, rounds=1,
+               methods=[MethodSpec("FedRep", "fedrep")])
+    ds = personal_dataset(cfg, 0)
+    assert len(ds.spaces) == 1 and all(c.x_test.shape[0] > 0 for c in ds.clients)
+    res = run(cfg, tmp_path / "h", progress=False)
+    assert len(res["methods"]["FedRep"]["seeds"]["0"]["client_accuracy"]) == 4
+
+
+def test_bad_hyper_parameters_named():
+    for name, kw, word in (("flic", {"ridge": 0.0}, "ridge"), ("flic", {"lam": -1.0}, "lam"),
+                           ("flic", {"anchor_var": float("nan")}, "anchor_var"), ("fedrep", {"head_epochs": -1}, "head_epochs"),
+                           ("local", {"head_epochs": 1.5}, "head_epochs"),
+                           ("flic", {"align_epochs": -2}, "align_epochs")):
+        with pytest.raises(ValueError, match=word):
+            build_algorithm(name, **kw)
+    with pytest.raises(ValueError, match="model='personal'"):
+        run(_cfg(model="mlp", model_params={}), "/nonexistent/never-written", progress=False)
