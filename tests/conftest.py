@@ -7,6 +7,7 @@ it in the falsifying example) or from the ``seed`` fixture below, which prints t
 """
 from __future__ import annotations
 
+import contextlib
 import secrets
 
 import numpy as np
@@ -154,3 +155,24 @@ def offsets_from_sizes(sizes) -> torch.Tensor:
     for s in sizes:
         off.append(off[-1] + int(s))
     return torch.tensor(off, dtype=torch.int64)
+
+
+@contextlib.contextmanager
+def interrupted_after(monkeypatch, runner_module, rounds: int):
+    """Inside the block, fedsim's round loop stops with a KeyboardInterrupt (a user's Ctrl-C) in
+    round ``rounds``, after ``rounds`` rounds were checkpointed: ``runner_module.evaluate`` raises
+    on its call number ``rounds + 1``. The real evaluate is back after the block."""
+    real, calls = runner_module.evaluate, {"n": 0}
+
+    def crash(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == rounds + 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner_module, "evaluate", crash)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(runner_module, "evaluate", real)
+

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import interrupted_after
 from torch.nn import functional as F
 
 from fedsim import runner
@@ -210,24 +211,13 @@ def test_resume_equals_uninterrupted_with_fedmp(tmp_path, blobs, monkeypatch):
     cfg = _cfg(blobs, [MethodSpec("m", algorithm="fedmp", algorithm_params={"bank_size": 40})], rounds=4,
                feature_shift=0.7, feature_noise=0.2)
     runner.run(cfg, tmp_path / "full", progress=False)
-    calls = {"n": 0}
-    real = runner.evaluate
-
-    def crash_after_two(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(runner, "evaluate", crash_after_two)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_after(monkeypatch, runner, 2), pytest.raises(KeyboardInterrupt):
         runner.run(cfg, tmp_path / "cut", progress=False)
     state = torch.load(tmp_path / "cut" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)
     assert state["round"] == 2
     keys = state["algorithm"].keys()
     assert "global/proto" in keys
     assert any(k.startswith("bank/") for k in keys) and any(k.startswith("local/") for k in keys)
-    monkeypatch.setattr(runner, "evaluate", real)
     runner.run(RunConfig(), tmp_path / "cut", resume=True, progress=False)
     full = json.loads((tmp_path / "full" / "results.json").read_text())
     assert json.loads((tmp_path / "cut" / "results.json").read_text()) == full

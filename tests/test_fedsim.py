@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import interrupted_after
 
 from fedsim import runner
 from fedsim.data import Dataset, save_dataset
@@ -121,24 +122,13 @@ def test_same_seed_same_results_json(tmp_path, blobs):
 def test_resume_equals_uninterrupted(tmp_path, blobs, monkeypatch, algorithm, augmenter):
     cfg = _cfg(blobs, rounds=4, methods=[MethodSpec("m", algorithm=algorithm, augmenter=augmenter)])
     runner.run(cfg, tmp_path / "full", progress=False)
-    calls = {"n": 0}
-    real = runner.evaluate
-
-    def crash_after_two(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(runner, "evaluate", crash_after_two)
-    with pytest.raises(KeyboardInterrupt):
+    with interrupted_after(monkeypatch, runner, 2), pytest.raises(KeyboardInterrupt):
         runner.run(cfg, tmp_path / "cut", progress=False)
     assert not (tmp_path / "cut" / "results.json").exists()  # no finished-looking output
     state = torch.load(tmp_path / "cut" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)
     assert state["round"] == 2
     if algorithm == "scaffold":  # control variates are checkpointed
         assert state["algorithm"], "SCAFFOLD state missing from the checkpoint"
-    monkeypatch.setattr(runner, "evaluate", real)
     runner.run(RunConfig(), tmp_path / "cut", resume=True, progress=False)
     assert _results(tmp_path / "cut") == _results(tmp_path / "full")
     with pytest.raises(ValueError, match="already finished"):
