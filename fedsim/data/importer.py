@@ -33,8 +33,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..embed.datasets import stratified_split
-from ..embed.extract import _unit_rows
+from .split import stratified_split, unit_rows
 from .dataset import Dataset
 
 SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".safetensors", ".csv", ".parquet")
@@ -465,7 +464,7 @@ def import_embeddings(train_x, train_y, *, test_x=None, test_y=None, test_fracti
         before = _norm_stats(x)
         if normalize:
             src = f"--test-x {test_x}" if s == "test" and own_split else f"--train-x {train_x}"
-            x = _unit_rows(x, f"{src} ({s} rows; pass --no-normalize to keep raw rows)")
+            x = unit_rows(x, f"{src} ({s} rows; pass --no-normalize to keep raw rows)")
         x = x.astype(np.float32)
         norms[s] = {"before": before, "after": _norm_stats(x)}
         out[s] = (torch.from_numpy(x), torch.from_numpy(y), None if d is None else torch.from_numpy(d))

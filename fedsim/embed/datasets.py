@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import hashlib
 import io
-import math
 import pickle
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+
+from ..data.split import stratified_split  # the split rule, shared with fedsim import
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 TEXT_EXTENSIONS = (".txt",)
@@ -120,17 +120,6 @@ def _split_of(root: Path, entries: list[tuple[Path, int, int]], domains: bool) -
     return Split(items=[str(p) for p in paths], labels=np.array([e[1] for e in entries], dtype=np.int64),
                  domains=np.array([e[2] for e in entries], dtype=np.int64) if domains else None,
                  fingerprint=_files_fingerprint(root, paths))
-
-
-def stratified_split(n: int, test_fraction: float, seed: int, stratum: str) -> tuple[np.ndarray, np.ndarray]:
-    """(train indices, test indices) of one stratum of n items (see the module docstring)."""
-    n_test = math.floor(test_fraction * n + 0.5)
-    if n >= 2:
-        n_test = min(max(n_test, 1), n - 1)
-    else:
-        n_test = 0
-    order = np.random.default_rng([seed, zlib.crc32(stratum.encode())]).permutation(n)
-    return np.sort(order[n_test:]), np.sort(order[:n_test])
 
 
 def _missing(root: Path, name: str, layout: str, why: str) -> FileNotFoundError:

@@ -40,6 +40,7 @@ import torch
 from .._io import atomic_write
 from .._progress import progress_bar
 from ..data import Dataset, save_dataset
+from ..data.split import unit_rows
 from .datasets import SourceDataset, Split
 from .encoders import ImageEncoder, TextEncoder
 
@@ -212,21 +213,14 @@ def encode_split(split: Split, encoder, modality: str, work: Path, tag: str, *, 
 
 # --- class-name text embeddings ----------------------------------------------------------------------
 
-def _unit_rows(x: np.ndarray, what: str) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    if (norms == 0).any():
-        raise ValueError(f"{what}: {int((norms == 0).sum())} zero rows cannot be L2-normalised")
-    return (x / norms).astype(np.float32)
-
-
 def class_text_embeddings(text_encoder, names: Sequence[str], prompts: Sequence[str]) -> np.ndarray:
     """(C, dim): per class, the mean of its L2-normalised prompt embeddings, L2-normalised (the
     usual zero-shot prompt ensemble; with one prompt simply its normalised embedding)."""
     if not prompts or any("{}" not in p for p in prompts):
         raise ValueError(f"prompts must be templates with a '{{}}' for the class name, got {list(prompts)}")
-    per_prompt = [_unit_rows(torch.as_tensor(text_encoder.encode([p.format(c) for c in names])).float().numpy(),
+    per_prompt = [unit_rows(torch.as_tensor(text_encoder.encode([p.format(c) for c in names])).float().numpy(),
                              "class text") for p in prompts]
-    return _unit_rows(np.mean(per_prompt, axis=0), "class text")
+    return unit_rows(np.mean(per_prompt, axis=0), "class text")
 
 
 # --- the whole dataset ------------------------------------------------------------------------------
@@ -310,7 +304,7 @@ def extract(source: SourceDataset, encoder, out, *, cache_dir=None, use_cache: b
             if hits[s]:
                 print(f"{source.name} {s}: {len(source.split(s))} embeddings from the cache ({cache.root})")
     if normalize:
-        xs = {s: _unit_rows(x, f"{source.name} {s}") for s, x in xs.items()}
+        xs = {s: unit_rows(x, f"{source.name} {s}") for s, x in xs.items()}
     store = torch.float16 if dtype == "float16" else torch.float32
     meta = {
         "description": f"{source.name} embedded with {encoder.name}",
