@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import interrupted_after
+from conftest import interrupted_after, save_blobs
 from torch.nn import functional as F
 
 from fedsim import runner
@@ -15,7 +15,6 @@ from fedsim.algorithms import build_algorithm
 from fedsim.algorithms.base import ClientContext, ClientUpdate, params_of
 from fedsim.algorithms.fedmp import BANK_SAMPLE, adaptive_weights, alignment_loss
 from fedsim.client import local_train
-from fedsim.data import Dataset, save_dataset
 from fedsim.data.partition import feature_shift
 from fedsim.models import CosineHead, MLPHead
 from fedsim.runner import MethodSpec, RunConfig
@@ -25,19 +24,8 @@ from geomkern import fedmp as gfedmp
 @pytest.fixture(scope="module")
 def blobs(tmp_path_factory):
     """5 classes of unit-norm Gaussian blobs in D=12, saved as a dataset file."""
-    g = torch.Generator().manual_seed(1)
-    C, D = 5, 12
-    mu = torch.randn(C, D, generator=g)
-
-    def make(n):
-        y = torch.randint(0, C, (n,), generator=g)
-        x = mu[y] + 0.7 * torch.randn(n, D, generator=g)
-        return x / x.norm(dim=1, keepdim=True), y
-
-    (xt, yt), (xs, ys) = make(600), make(200)
-    path = tmp_path_factory.mktemp("data") / "blobs.npz"
-    save_dataset(Dataset("blobs", xt, yt, xs, ys, [f"c{i}" for i in range(C)]), path)
-    return path
+    return save_blobs(tmp_path_factory.mktemp("data") / "blobs.npz", classes=5, dim=12, noise=0.7,
+                      n_train=600, n_test=200, seed=1)
 
 
 def _cfg(path, methods, **kw):

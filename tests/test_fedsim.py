@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import interrupted_after
+from conftest import interrupted_after, save_blobs
 
 from fedsim import runner
-from fedsim.data import Dataset, save_dataset
+from fedsim.data import save_dataset
 from fedsim.data import partition as P
 from fedsim.runner import MethodSpec, RunConfig
 
@@ -17,22 +17,8 @@ from fedsim.runner import MethodSpec, RunConfig
 @pytest.fixture(scope="module")
 def blobs(tmp_path_factory):
     """6 classes of unit-norm Gaussian blobs in D=16 (2 domains), saved as a dataset file."""
-    g = torch.Generator().manual_seed(0)
-    C, D = 6, 16
-    mu = torch.randn(C, D, generator=g)
-
-    def make(n):
-        y = torch.randint(0, C, (n,), generator=g)
-        x = mu[y] + 0.8 * torch.randn(n, D, generator=g)
-        return x / x.norm(dim=1, keepdim=True), y, torch.randint(0, 2, (n,), generator=g)
-
-    xt, yt, dt = make(1200)
-    xs, ys, ds = make(300)
-    ds_ = Dataset("blobs", xt, yt, xs, ys, [f"c{i}" for i in range(C)], d_train=dt, d_test=ds,
-                  domain_names=["a", "b"])
-    path = tmp_path_factory.mktemp("data") / "blobs.npz"
-    save_dataset(ds_, path)
-    return path
+    return save_blobs(tmp_path_factory.mktemp("data") / "blobs.npz", classes=6, dim=16, noise=0.8,
+                      n_train=1200, n_test=300, seed=0, domain_names=["a", "b"])
 
 
 # ------------------------------------------------------------------------------ partitioners
