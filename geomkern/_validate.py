@@ -12,8 +12,9 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def tensor(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = False,
-           allow_empty: bool = False, finite: bool = True) -> torch.Tensor:
-    """A floating tensor of the given rank(s), finite, made contiguous."""
+           allow_empty: bool = False, finite: bool = True, differentiable: bool = False) -> torch.Tensor:
+    """A floating tensor of the given rank(s), finite, made contiguous. Tensors that require grad
+    are refused unless the op is ``differentiable`` (then the checks read ``t.detach()``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
                         f"wrap arrays with torch.as_tensor({name})")
@@ -28,12 +29,25 @@ def tensor(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = Fals
                         f"{names} (convert with {name}.float() or {name}.double())")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); it needs at least one row")
-    if t.requires_grad:
+    if t.requires_grad and not differentiable:
         raise ValueError(f"{name} requires grad, but geomkern's ops are not differentiable (their "
                          f"results would carry no gradient); pass {name}.detach()")
     if finite and t.numel():
-        _finite_and_in_range(name, t)
+        _finite_and_in_range(name, t.detach())
     return t.contiguous()
+
+
+def symmetric(name: str, A: torch.Tensor) -> None:
+    """A (..., n, n) that is symmetric up to roundoff: |A - A^T| <= 100 eps max|A| n."""
+    n = A.shape[-1]
+    if A.shape[-2] != n:
+        raise ValueError(f"{name} must be square in its last two dims, got shape {tuple(A.shape)}")
+    a = A.detach()
+    asym = (a - a.transpose(-1, -2)).abs().amax()
+    scale = a.abs().amax().clamp_min(torch.finfo(a.dtype).tiny)
+    if float(asym) > 100 * torch.finfo(a.dtype).eps * float(scale) * n:
+        raise ValueError(f"{name} is not symmetric (max |A - A^T| = {float(asym):.3g}); "
+                         "symmetrise it with (A + A.mT) / 2 if that is what you mean")
 
 
 def _finite_and_in_range(name: str, t: torch.Tensor) -> None:

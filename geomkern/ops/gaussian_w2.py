@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _dispatch
+from .. import _dispatch, _validate
 
 # Eigenvalues below ``_RANK_TOL * max eigenvalue`` are round-off of a PSD matrix and are clamped
 # to 0 before the square root (a rank-deficient covariance has exact zeros that eigh returns as
@@ -23,30 +23,12 @@ _RANK_TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
 
 
 def _check(name: str, t, *, ndim_min: int) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected float32 or float64")
-    if t.dim() < ndim_min:
-        raise ValueError(f"{name} must have rank >= {ndim_min}, got shape {tuple(t.shape)}")
-    if t.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
-    if not bool(torch.isfinite(t.detach()).all()):
-        raise ValueError(f"{name} contains NaN/Inf")
-    return t
+    return _validate.tensor(name, t, ndim=tuple(range(ndim_min, 9)), differentiable=True)
 
 
 def _check_square(name: str, A: torch.Tensor) -> torch.Tensor:
     A = _check(name, A, ndim_min=2)
-    if A.shape[-1] != A.shape[-2]:
-        raise ValueError(f"{name} must be square in its last two dims, got shape {tuple(A.shape)}")
-    n = A.shape[-1]
-    a = A.detach()
-    asym = (a - a.transpose(-1, -2)).abs().amax()
-    scale = a.abs().amax().clamp_min(torch.finfo(A.dtype).tiny)
-    if float(asym) > 100 * torch.finfo(A.dtype).eps * float(scale) * n:
-        raise ValueError(f"{name} is not symmetric (max |A - A^T| = {float(asym):.3g}); "
-                         "symmetrise it with (A + A.mT) / 2 if that is what you mean")
+    _validate.symmetric(name, A)
     return A
 
 
@@ -68,7 +50,11 @@ class _SqrtmPSD(torch.autograd.Function):
     def forward(ctx, A):
         lam, U = torch.linalg.eigh(A)
         top = lam.amax(-1, keepdim=True).clamp_min(0)
-        s = torch.where(lam > _RANK_TOL[A.dtype] * top, lam, torch.zeros_like(lam)).sqrt()
+        # only eigenvalues at eigh's roundoff level (n eps lambda_max) are zeroed: a genuine small
+        # eigenvalue of a full-rank, ill-conditioned input (1e-12 relative, i.e. a covariance
+        # eigenvalue 1e-6 relative inside Bures' S1^1/2 S2 S1^1/2) must keep its square root
+        roundoff = A.shape[-1] * torch.finfo(A.dtype).eps
+        s = torch.where(lam > roundoff * top, lam, torch.zeros_like(lam)).sqrt()
         ctx.save_for_backward(U, s, top)
         return (U * s.unsqueeze(-2)) @ U.transpose(-1, -2)
 
