@@ -66,15 +66,31 @@ class Recorder:
         self.suite = suite
         _RESULTS.setdefault(suite, {})
         _RATIOS.setdefault(suite, [])
+        self._rounds: dict[str, list[float]] = {}
 
     def add(self, provider: str, benchmark, **extra):
         stats = benchmark.stats.stats
         _RESULTS[self.suite][provider] = {"median_s": stats.median, "min_s": stats.min,
                                           "rounds": stats.rounds, **extra}
 
+    def add_round(self, provider: str, seconds: float, **extra):
+        """One round of ``provider`` (tests that interleave providers round by round: each
+        round its own pytest-benchmark test); the table shows the median over its rounds."""
+        import statistics
+
+        times = self._rounds.setdefault(provider, [])
+        times.append(seconds)
+        _RESULTS[self.suite][provider] = {"median_s": statistics.median(times), "min_s": min(times),
+                                          "rounds": len(times), **extra}
+
     def ratio(self, label: str, slow: str, fast: str):
         """Report slow/fast (how many times faster ``fast`` is than ``slow``)."""
         _RATIOS[self.suite].append((label, slow, fast))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--threads", type=int, default=None,
+                     help="torch.set_num_threads for the benchmarks that read it (test_cpu_floor.py: default 2)")
 
 
 @pytest.fixture(scope="module")

@@ -21,4 +21,23 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "fused fixed-point (Mika et al.) pre-image loop (all steps in one call)", py::arg("Z0"),
         py::arg("B"), py::arg("A"), py::arg("gamma"), py::arg("steps"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("preimage_gd_span", &geomkern::preimage_gd_span_cpu,
+        "preimage_gd iterated in span(z0, B): one S x S product per step", py::arg("Z0"),
+        py::arg("B"), py::arg("T"), py::arg("gamma"), py::arg("steps"), py::arg("lr"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("preimage_fixed_point_span", &geomkern::preimage_fixed_point_span_cpu,
+        "preimage_fixed_point iterated in span(B): one S x S product per step", py::arg("Z0"),
+        py::arg("B"), py::arg("A"), py::arg("gamma"), py::arg("steps"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("rbf_matmul", &geomkern::rbf_matmul_cpu, "K(X, Y) V, tiled, K never stored",
+        py::arg("X"), py::arg("Y"), py::arg("V"), py::arg("gamma"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("kmeanspp", &geomkern::kmeanspp_cpu,
+        "greedy k-means++ centres (m, k, D) for every set, deterministic for a seed",
+        py::arg("X"), py::arg("offsets"), py::arg("k"), py::arg("seed"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("kmeans_lloyd", &geomkern::kmeans_lloyd_cpu,
+        "Lloyd iterations per set from given centres, each set stopping when its labels are stable",
+        py::arg("X"), py::arg("offsets"), py::arg("centers"), py::arg("iters"),
+        py::call_guard<py::gil_scoped_release>());
 }

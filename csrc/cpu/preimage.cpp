@@ -26,91 +26,12 @@
 #include <vector>
 
 #include "ops.h"
+#include "simd.h"
 
 namespace geomkern {
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-#elif defined(__AVX__)
-constexpr int kVecBytes = 32;
-#else
-constexpr int kVecBytes = 16;
-#endif
-
-typedef float vf_t __attribute__((vector_size(kVecBytes)));
-typedef double vd_t __attribute__((vector_size(kVecBytes)));
-typedef int32_t vi32_t __attribute__((vector_size(kVecBytes)));
-typedef int64_t vi64_t __attribute__((vector_size(kVecBytes)));
-
-template <typename T> struct VecOf;
-template <> struct VecOf<float> { using type = vf_t; using itype = vi32_t; };
-template <> struct VecOf<double> { using type = vd_t; using itype = vi64_t; };
-
-template <typename T> using vec_t = typename VecOf<T>::type;
-
-template <typename V, typename T>
-static inline V splat(T x) {
-  return x - V{};  // a vector-scalar op broadcasts x; minus +0 is exact (keeps -0)
-}
-
-// exp(x) for x <= 0 (or NaN, which propagates), accurate to about 1 ulp down to the smallest
-// subnormal: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Taylor polynomial for e^r, and
-// 2^n applied as two normal factors 2^(n>>1) 2^(n - n>>1) so subnormal results come out right.
-static inline vf_t vexp(vf_t x) {
-  const vf_t lo = splat<vf_t>(-104.0f);  // e^-104 < half the smallest subnormal: rounds to 0
-  x = x < lo ? lo : x;
-  const vf_t magic = splat<vf_t>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  vf_t t = x * 1.44269504088896341f + magic;
-  vf_t n = t - magic;
-  vf_t r = x - n * 0.693359375f;  // ln2 split: the high part has 9 bits, so n * hi is exact
-  r = r - n * -2.12194440e-4f;
-  vf_t p = splat<vf_t>(1.0f / 5040.0f);
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  vi32_t ni = (vi32_t)t - (vi32_t)magic;  // t stays in magic's binade, so the bits hold n
-  vi32_t n1 = ni >> 1;
-  vi32_t n2 = ni - n1;
-  vf_t s1 = (vf_t)((n1 + 127) << 23);
-  vf_t s2 = (vf_t)((n2 + 127) << 23);
-  return p * s1 * s2;
-}
-
-static inline vd_t vexp(vd_t x) {
-  const vd_t lo = splat<vd_t>(-746.0);  // e^-746 < half the smallest subnormal
-  x = x < lo ? lo : x;
-  const vd_t magic = splat<vd_t>(6755399441055744.0);  // 1.5 * 2^52
-  vd_t t = x * 1.44269504088896338700e+00 + magic;
-  vd_t n = t - magic;
-  vd_t r = x - n * 6.93147180369123816490e-01;  // fdlibm ln2 split, hi has 32 bits
-  r = r - n * 1.90821492927058770002e-10;
-  // Taylor to degree 13: remainder r^14/14! < 5e-18 for |r| <= ln2/2
-  vd_t p = splat<vd_t>(1.0 / 6227020800.0);
-  p = p * r + 1.0 / 479001600.0;
-  p = p * r + 1.0 / 39916800.0;
-  p = p * r + 1.0 / 3628800.0;
-  p = p * r + 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  vi64_t ni = (vi64_t)t - (vi64_t)magic;
-  vi64_t n1 = ni >> 1;
-  vi64_t n2 = ni - n1;
-  vd_t s1 = (vd_t)((n1 + 1023) << 52);
-  vd_t s2 = (vd_t)((n2 + 1023) << 52);
-  return p * s1 * s2;
-}
+using namespace simd;  // csrc/cpu/simd.h: vector types, splat, vexp
 
 enum class Method { GD, FixedPoint };
 
@@ -361,8 +282,10 @@ void dispatch_kernel(const Problem<T>& pr, const T* B) {
   }
 }
 
-void check_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& C,
-                  const char* cname) {
+}  // namespace
+
+void check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B,
+                           const at::Tensor& C, const char* cname) {
   TORCH_CHECK_VALUE(Z0.device().is_cpu() && B.device().is_cpu() && C.device().is_cpu(), op,
                     ": the native CPU kernel takes CPU tensors (Z0, B, ", cname, ")");
   TORCH_CHECK_TYPE(Z0.scalar_type() == at::kFloat || Z0.scalar_type() == at::kDouble, op,
@@ -379,11 +302,9 @@ void check_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B, con
                     C.sizes());
 }
 
-}  // namespace
-
 at::Tensor preimage_gd_cpu(const at::Tensor& Z0_, const at::Tensor& B_, const at::Tensor& T_,
                            double gamma, int64_t steps, const at::Tensor& lr_) {
-  check_inputs("preimage_gd", Z0_, B_, T_, "T");
+  check_preimage_inputs("preimage_gd", Z0_, B_, T_, "T");
   TORCH_CHECK_VALUE(steps >= 0, "preimage_gd: steps must be >= 0, got ", steps);
   TORCH_CHECK_VALUE(gamma > 0, "preimage_gd: gamma must be > 0, got ", gamma);
   TORCH_CHECK_TYPE(lr_.scalar_type() == Z0_.scalar_type(), "preimage_gd: lr must have Z0's dtype");
@@ -406,7 +327,7 @@ at::Tensor preimage_gd_cpu(const at::Tensor& Z0_, const at::Tensor& B_, const at
 
 at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0_, const at::Tensor& B_,
                                     const at::Tensor& A_, double gamma, int64_t steps) {
-  check_inputs("preimage_fixed_point", Z0_, B_, A_, "A");
+  check_preimage_inputs("preimage_fixed_point", Z0_, B_, A_, "A");
   TORCH_CHECK_VALUE(steps >= 0, "preimage_fixed_point: steps must be >= 0, got ", steps);
   TORCH_CHECK_VALUE(gamma > 0, "preimage_fixed_point: gamma must be > 0, got ", gamma);
   auto Z0 = Z0_.contiguous(), B = B_.contiguous(), A = A_.contiguous();

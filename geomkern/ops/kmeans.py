@@ -20,10 +20,11 @@ def _pad(X, off: list, bucket: list):
     return Xp, mask, sizes
 
 
-def _bsqdist(P, C):
-    """(m, n, D) x (m, k, D) -> (m, n, k) squared distances, clamped at 0."""
-    d2 = torch.baddbmm((P * P).sum(-1, keepdim=True) + (C * C).sum(-1).unsqueeze(1), P,
-                       C.transpose(1, 2), alpha=-2.0)
+def _bsqdist(P, C, PP=None):
+    """(m, n, D) x (m, k, D) -> (m, n, k) squared distances, clamped at 0. PP: the points'
+    squared norms (m, n, 1) when the caller has them (the same values, computed once)."""
+    PP = (P * P).sum(-1, keepdim=True) if PP is None else PP
+    d2 = torch.baddbmm(PP + (C * C).sum(-1).unsqueeze(1), P, C.transpose(1, 2), alpha=-2.0)
     return d2.clamp_min_(0.0)
 
 
@@ -35,7 +36,8 @@ def _kmeanspp(Xp, mask, k: int, gen: torch.Generator):
     first = torch.multinomial(weights, 1, generator=gen).squeeze(1)
     centers = Xp.new_empty(m, k, D)
     centers[:, 0] = Xp[ar, first]
-    closest = _bsqdist(Xp, centers[:, :1]).squeeze(-1) * weights
+    PP = (Xp * Xp).sum(-1, keepdim=True)  # once, not per candidate round: a pass over all points
+    closest = _bsqdist(Xp, centers[:, :1], PP).squeeze(-1) * weights
     n_local = 2 + int(math.log(k))
     for c in range(1, k):
         total = closest.sum(1, keepdim=True)
@@ -43,7 +45,7 @@ def _kmeanspp(Xp, mask, k: int, gen: torch.Generator):
         probs = torch.where(total > 0, closest, weights)
         cand = torch.multinomial(probs, n_local, replacement=True, generator=gen)  # (m, L)
         cand_pts = Xp[ar.unsqueeze(1), cand]  # (m, L, D)
-        d_cand = _bsqdist(Xp, cand_pts).transpose(1, 2)  # (m, L, n)
+        d_cand = _bsqdist(Xp, cand_pts, PP).transpose(1, 2)  # (m, L, n)
         new_closest = torch.minimum(closest.unsqueeze(1), d_cand) * weights.unsqueeze(1)
         best = new_closest.sum(-1).argmin(1)
         closest = new_closest[ar, best]

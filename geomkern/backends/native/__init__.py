@@ -4,7 +4,9 @@ setup.py) and ``geomkern._C_cuda`` (csrc/cuda, built only with a CUDA build of t
 :func:`kernels` is the one place that says which compiled kernel serves which op on which device
 (the native CPU/CUDA pair); an op a device has no kernel for runs on the reference there, as for
 any backend. ``auto`` prefers a native kernel only where a recorded benchmark measured it faster:
-the CPU pre-image loops (benchmarks/native_preimage_timing.py) when built for AVX2+FMA or wider;
+the CPU pre-image loops (benchmarks/native_preimage_timing.py; since issue 20 in span(z0, B) where
+S <= D, benchmarks/test_cpu_floor.py) when built for AVX2+FMA or wider; the CPU rbf_matmul and
+kmeans kernels serve ``gk.set_backend("native")`` only (auto_devices says why);
 no CUDA kernel yet (no GPU benchmark has run; benchmarks/test_eigh_gpu.py is the one to run).
 """
 from __future__ import annotations
@@ -59,6 +61,12 @@ def eigh_tol(dtype: torch.dtype, n: int) -> float:
     return float(torch.finfo(dtype).eps) / max(n, 1) ** 0.5
 
 
+def span_form(B: torch.Tensor) -> bool:
+    """Whether the CPU pre-image iterates in span(z0, B): S <= D (one S x S product per step
+    against two S x D ones; at S = D half the flops)."""
+    return B.shape[0] <= B.shape[1]
+
+
 def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
     """op -> {device type: implementation} for the given extension modules (None: not built).
 
@@ -68,10 +76,32 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
         # Fused pre-image loops (csrc/cpu/preimage.cpp): every step in one call, tiles of points
         # kept in cache; the math of geomkern.ops.preimage.{gd,fixed_point}_reference.
         # (precision: no tensor cores here, float32/float64 FMA whatever is asked)
-        table["preimage_gd"] = {"cpu": lambda Z0, B, T, gamma, steps, lr, precision=None:
-                                C.preimage_gd(Z0, B, T, float(gamma), int(steps), lr)}
-        table["preimage_fixed_point"] = {"cpu": lambda Z0, B, A, gamma, steps, precision=None:
-                                         C.preimage_fixed_point(Z0, B, A, float(gamma), int(steps))}
+        # Where S <= D both iterate in span(z0, B) (csrc/cpu/preimage_span.cpp): one S x S
+        # product per step instead of two S x D ones (benchmarks/NOTES.md §13); above, the
+        # direct form, whose two products then cost less.
+        def preimage_gd(Z0, B, T, gamma, steps, lr, precision=None):
+            f = C.preimage_gd_span if span_form(B) else C.preimage_gd
+            return f(Z0, B, T, float(gamma), int(steps), lr)
+
+        def preimage_fixed_point(Z0, B, A, gamma, steps, precision=None):
+            f = C.preimage_fixed_point_span if span_form(B) else C.preimage_fixed_point
+            return f(Z0, B, A, float(gamma), int(steps))
+
+        def kmeans(X, offsets, k, iters, seed, precision=None):
+            # greedy k-means++ and Lloyd per set in C++, threads over sets, each set stopping
+            # on its own (csrc/cpu/kmeans.cpp); its own random stream, so other starting
+            # centres than the reference's for the same seed (equally good: tests/test_cpu_native.py)
+            off = offsets.cpu()
+            centres = C.kmeanspp(X, off, int(k), int(seed) & (2 ** 63 - 1))
+            labels, centres, _ = C.kmeans_lloyd(X, off, centres, int(iters))
+            return labels, centres
+
+        table["preimage_gd"] = {"cpu": preimage_gd}
+        table["preimage_fixed_point"] = {"cpu": preimage_fixed_point}
+        table["kmeans"] = {"cpu": kmeans}
+        # K(X, Y) V in row-block tiles, K never stored (csrc/cpu/rbf.cpp)
+        table["rbf_matmul"] = {"cpu": lambda X, Y, V, gamma, precision=None:
+                               C.rbf_matmul(X, Y, V, float(gamma))}
     if C_cuda is not None:
         def eigh(A: torch.Tensor, k: int):  # batched Jacobi (csrc/cuda/eigh.cu)
             w, V, info = C_cuda.eigh(A, eigh_tol(A.dtype, A.shape[-1]), MAX_SWEEPS)
@@ -97,6 +127,13 @@ def auto_devices(C) -> dict[str, tuple[str, ...]]:
     the reference. With AVX-512 (2-core AMD EPYC, b = 5000, S = D = 512, 100 steps) both methods
     measured 1.3-1.6x faster than the reference."""
     fast_cpu = C is not None and C.cpu_isa() in ("avx512f", "avx2+fma")
+    # Measured faster but not auto (benchmarks/NOTES.md §15c): rbf_matmul (tiles, K never
+    # stored; 1.33x the torch reference at 8,192² x 512): its rows' sums run in tile order, so
+    # the rows of K V for identical points are not bitwise equal and the matrix-free kpca of an
+    # all-identical cluster (H K H = 0) no longer converges (tests/test_kpca.py,
+    # test_kpca_identical_points[matrix_free]); kmeans (5-20x the reference): its k-means++
+    # draws another random stream, so auto would change the centres FedMC's basis selection
+    # picks for a seed. Both run under gk.set_backend("native").
     return {"cpu": ("preimage_gd", "preimage_fixed_point") if fast_cpu else ()}
 
 

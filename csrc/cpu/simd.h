@@ -1,0 +1,112 @@
+// SIMD building blocks shared by the CPU kernels (csrc/cpu/*.cpp): GCC/Clang vector types as
+// wide as -march allows, a broadcast, an exp accurate to ~1 ulp, and the register-blocked
+// panel product every kernel's inner loop is.
+#pragma once
+#include <cstdint>
+
+namespace geomkern {
+namespace simd {
+
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
+
+typedef float vf_t __attribute__((vector_size(kVecBytes)));
+typedef double vd_t __attribute__((vector_size(kVecBytes)));
+typedef int32_t vi32_t __attribute__((vector_size(kVecBytes)));
+typedef int64_t vi64_t __attribute__((vector_size(kVecBytes)));
+
+template <typename T> struct VecOf;
+template <> struct VecOf<float> { using type = vf_t; using itype = vi32_t; };
+template <> struct VecOf<double> { using type = vd_t; using itype = vi64_t; };
+
+template <typename T> using vec_t = typename VecOf<T>::type;
+
+template <typename V, typename T>
+inline V splat(T x) {
+  return x - V{};  // a vector-scalar op broadcasts x; minus +0 is exact (keeps -0)
+}
+
+// exp(x) for x <= 0 (or NaN, which propagates), accurate to about 1 ulp down to the smallest
+// subnormal: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Taylor polynomial for e^r, and
+// 2^n applied as two normal factors 2^(n>>1) 2^(n - n>>1) so subnormal results come out right.
+inline vf_t vexp(vf_t x) {
+  const vf_t lo = splat<vf_t>(-104.0f);  // e^-104 < half the smallest subnormal: rounds to 0
+  x = x < lo ? lo : x;
+  const vf_t magic = splat<vf_t>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf_t t = x * 1.44269504088896341f + magic;
+  vf_t n = t - magic;
+  vf_t r = x - n * 0.693359375f;  // ln2 split: the high part has 9 bits, so n * hi is exact
+  r = r - n * -2.12194440e-4f;
+  vf_t p = splat<vf_t>(1.0f / 5040.0f);
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  vi32_t ni = (vi32_t)t - (vi32_t)magic;  // t stays in magic's binade, so the bits hold n
+  vi32_t n1 = ni >> 1;
+  vi32_t n2 = ni - n1;
+  vf_t s1 = (vf_t)((n1 + 127) << 23);
+  vf_t s2 = (vf_t)((n2 + 127) << 23);
+  return p * s1 * s2;
+}
+
+inline vd_t vexp(vd_t x) {
+  const vd_t lo = splat<vd_t>(-746.0);  // e^-746 < half the smallest subnormal
+  x = x < lo ? lo : x;
+  const vd_t magic = splat<vd_t>(6755399441055744.0);  // 1.5 * 2^52
+  vd_t t = x * 1.44269504088896338700e+00 + magic;
+  vd_t n = t - magic;
+  vd_t r = x - n * 6.93147180369123816490e-01;  // fdlibm ln2 split, hi has 32 bits
+  r = r - n * 1.90821492927058770002e-10;
+  // Taylor to degree 13: remainder r^14/14! < 5e-18 for |r| <= ln2/2
+  vd_t p = splat<vd_t>(1.0 / 6227020800.0);
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  vi64_t ni = (vi64_t)t - (vi64_t)magic;
+  vi64_t n1 = ni >> 1;
+  vi64_t n2 = ni - n1;
+  vd_t s1 = (vd_t)((n1 + 1023) << 52);
+  vd_t s2 = (vd_t)((n2 + 1023) << 52);
+  return p * s1 * s2;
+}
+
+// acc[i][v] += sum_{r < n} pan[r * NB + i] * X[r * PV + v]: NB panel columns times PV vectors,
+// r in increasing order (the order, hence the bits, does not depend on the caller's tiling).
+template <typename T, int PV, int NB>
+inline void panel_product(const T* __restrict pan, const vec_t<T>* __restrict X, int64_t n,
+                          vec_t<T> (&acc)[NB][PV]) {
+  using V = vec_t<T>;
+  for (int64_t r = 0; r < n; ++r) {
+    V x[PV];
+#pragma GCC unroll 8
+    for (int v = 0; v < PV; ++v) x[v] = X[r * PV + v];
+#pragma GCC unroll 32
+    for (int i = 0; i < NB; ++i) {
+      const V bb = splat<V>(pan[r * NB + i]);
+#pragma GCC unroll 8
+      for (int v = 0; v < PV; ++v) acc[i][v] += bb * x[v];
+    }
+  }
+}
+
+}  // namespace simd
+}  // namespace geomkern

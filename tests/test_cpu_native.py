@@ -1,0 +1,272 @@
+"""The native CPU fast paths of issue 20 against the float64 reference, on odd and ragged sizes
+and bad inputs: the span-form pre-image (gd and fixed point), the tiled rbf_matmul and the
+per-set Lloyd kernel of the batched K-Means."""
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics.pairwise import rbf_kernel
+
+import geomkern as gk
+from _preimage_problem import preimage_problem
+from conftest import TOL, assert_close_rel
+import geomkern.ops.preimage as pre_mod
+from geomkern.backends import native
+
+pytestmark = pytest.mark.skipif("native" not in gk.available_backends(),
+                                reason="geomkern._C (native backend) is not built")
+
+# (b, S, D): S < D, S = D and S > D (the span form is exact for any S; the default takes it
+# where S <= D), b around the 16-lane tiles of AVX-512 (and 8 of AVX2), S and D around the
+# 6-wide register blocks
+SPAN_SHAPES = [(1, 1, 1), (5, 3, 17), (17, 13, 13), (33, 7, 64), (40, 47, 9), (65, 96, 100)]
+
+
+def _span_args(shape, method, dtype, seed, steps):
+    Z0, B, T, gamma = preimage_problem(*shape, seed)
+    if method == "fixed_point":
+        T = pre_mod.fixed_point_coefficients(B, T, gamma, 1e-6)
+    Z0, B, T = Z0.to(dtype), B.to(dtype), T.to(dtype)
+    if method == "gd":
+        lr = pre_mod.default_gd_lr(Z0, B, gamma)
+        return (Z0, B, T, gamma, steps, lr), (Z0.double(), B.double(), T.double(), gamma, steps, lr.double())
+    return (Z0, B, T, gamma, steps), (Z0.double(), B.double(), T.double(), gamma, steps)
+
+
+@pytest.mark.parametrize("shape", SPAN_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
+@pytest.mark.parametrize("method", ["gd", "fixed_point"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_span_preimage_matches_float64_reference(shape, method, dtype):
+    seed = secrets.randbits(31)
+    span = getattr(native._C, f"preimage_{method}_span")
+    ref = getattr(gk.ops.preimage, f"{method}_reference")
+    for steps in (0, 1, 2, 25):
+        args, args64 = _span_args(shape, method, dtype, seed, steps)
+        out = span(*args)
+        where = f"seed={seed} shape={shape} method={method} dtype={dtype} steps={steps}"
+        assert out.shape == args[0].shape and out.dtype == dtype, where
+        assert torch.isfinite(out).all(), where
+        if steps == 0:
+            assert torch.equal(out, args[0]), where
+        assert_close_rel(out, ref(*args64), TOL[dtype], where)
+
+
+@pytest.mark.parametrize("method", ["gd", "fixed_point"])
+def test_span_is_the_default_where_S_at_most_D(method):
+    """gk.preimage on the native backend calls the span kernel where S <= D, the direct one above."""
+    calls = []
+    table = native.kernels(_Spy(native._C, calls))
+    for S, D, want in ((7, 9, "span"), (9, 9, "span"), (10, 9, "direct")):
+        args, _ = _span_args((4, S, D), method, torch.float64, 0, 3)
+        table[f"preimage_{method}"]["cpu"](*args)
+        assert calls[-1] == want, (S, D, calls)
+
+
+class _Spy:
+    """Wraps geomkern._C and records which pre-image entry point the kernels table calls."""
+
+    def __init__(self, C, calls):
+        self._C, self._calls = C, calls
+
+    def __getattr__(self, name):
+        fn = getattr(self._C, name)
+        if not name.startswith("preimage_"):
+            return fn
+
+        def call(*a, **kw):
+            self._calls.append("span" if name.endswith("_span") else "direct")
+            return fn(*a, **kw)
+        return call
+
+
+def test_span_entry_points_reject_bad_inputs():
+    C = native._C
+    Z0, B, T = torch.randn(5, 3), torch.randn(2, 3), torch.rand(5, 2)
+    lr = torch.full((5,), 0.1)
+    with pytest.raises(TypeError, match="dtype"):
+        C.preimage_gd_span(Z0, B.double(), T, 0.5, 3, lr)
+    with pytest.raises(ValueError, match="D=3"):
+        C.preimage_gd_span(Z0, torch.randn(2, 2), T, 0.5, 3, lr)
+    with pytest.raises(ValueError, match="shape"):
+        C.preimage_fixed_point_span(Z0, B, T[:, :1], 0.5, 3)
+    with pytest.raises(ValueError, match="lr"):
+        C.preimage_gd_span(Z0, B, T, 0.5, 3, lr[:4])
+    with pytest.raises(ValueError, match="steps"):
+        C.preimage_fixed_point_span(Z0, B, T, 0.5, -1)
+    with pytest.raises(ValueError, match="gamma"):
+        C.preimage_gd_span(Z0, B, T, 0.0, 3, lr)
+
+
+# ------------------------------------------------------------------------------------ rbf_matmul
+# around the 128-row and 1,024-column tiles, odd D, p of 1 and 5
+RBF_SHAPES = [(1, 1, 1, 1), (129, 7, 3, 5), (127, 1025, 17, 1), (257, 1031, 5, 2), (300, 64, 33, 5)]
+
+
+@pytest.mark.parametrize("n,m,D,p", RBF_SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_native_rbf_matmul_matches_float64(n, m, D, p, dtype):
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, D, generator=gen, dtype=torch.float64)
+    Y = torch.randn(m, D, generator=gen, dtype=torch.float64) + 0.5
+    V = torch.rand(m, p, generator=gen, dtype=torch.float64)
+    g = 0.7 / D
+    out = native._C.rbf_matmul(X.to(dtype), Y.to(dtype), V.to(dtype), g)
+    assert out.shape == (n, p) and out.dtype == dtype
+    ref = rbf_kernel(X.numpy(), Y.numpy(), gamma=g) @ V.numpy()
+    assert_close_rel(out, ref, TOL[dtype], f"seed={seed} n={n} m={m} D={D} p={p}")
+
+
+def test_native_rbf_matmul_signed_V_and_empty():
+    gen = torch.Generator().manual_seed(3)
+    X, Y = torch.randn(200, 4, generator=gen, dtype=torch.float64), torch.randn(1100, 4, generator=gen, dtype=torch.float64)
+    V = torch.randn(1100, 3, generator=gen, dtype=torch.float64)
+    K = rbf_kernel(X.numpy(), Y.numpy(), gamma=0.15)
+    err = np.linalg.norm(native._C.rbf_matmul(X, Y, V, 0.15).numpy() - K @ V.numpy())
+    assert err <= TOL[torch.float64] * np.linalg.norm(K) * np.linalg.norm(V.numpy())
+    assert native._C.rbf_matmul(X[:0], Y, V, 0.15).shape == (0, 3)
+    assert torch.equal(native._C.rbf_matmul(X, Y[:0], V[:0], 0.15), torch.zeros(200, 3, dtype=torch.float64))
+
+
+def test_native_rbf_matmul_rejects_bad_inputs():
+    C = native._C
+    X, Y, V = torch.randn(5, 3), torch.randn(4, 3), torch.randn(4, 2)
+    with pytest.raises(TypeError, match="dtype"):
+        C.rbf_matmul(X, Y.double(), V, 0.5)
+    with pytest.raises(ValueError, match="D=2"):
+        C.rbf_matmul(X, torch.randn(4, 2), V, 0.5)
+    with pytest.raises(ValueError, match="one row per row of Y"):
+        C.rbf_matmul(X, Y, V[:3], 0.5)
+    with pytest.raises(ValueError, match="gamma"):
+        C.rbf_matmul(X, Y, V, -1.0)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        C.rbf_matmul(X.int(), Y.int(), V.int(), 0.5)
+
+
+# -------------------------------------------------------------------------------------- k-means
+def _ragged_sets(sizes, D, seed, dtype, k=3):
+    """Ragged sets, each of k well-separated blobs (so float32 and float64 assign alike)."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = []
+    for n in sizes:
+        centres = 10.0 * torch.randn(k, D, generator=gen, dtype=torch.float64)
+        parts.append(centres[torch.arange(n) % k] + torch.randn(n, D, generator=gen, dtype=torch.float64))
+    X = torch.cat(parts).to(dtype)
+    off = torch.tensor([0] + list(np.cumsum(sizes)), dtype=torch.int64)
+    return X, off
+
+
+def _lloyd64(X, off, centres, iters):
+    """The reference Lloyd loop in float64, one set at a time, from the given centres."""
+    o = off.tolist()
+    labels, out = [], []
+    for j in range(len(o) - 1):
+        P, c = X[o[j]:o[j + 1]].double(), centres[j].double().clone()
+        lab = None
+        for _ in range(iters + 1):
+            new = torch.cdist(P, c).argmin(1)
+            if lab is not None and torch.equal(new, lab):
+                break
+            lab = new
+            for q in range(c.shape[0]):
+                if (lab == q).any():
+                    c[q] = P[lab == q].mean(0)
+        labels.append(lab)
+        out.append(c)
+    return torch.cat(labels), torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("sizes,k,D", [([7], 7, 3), ([33, 5, 257, 9], 5, 17), ([50, 301, 120], 8, 64)])
+def test_native_lloyd_matches_float64_lloyd(sizes, k, D, dtype):
+    seed = secrets.randbits(31)
+    X, off = _ragged_sets(sizes, D, seed, dtype, k)
+    init = native._C.kmeanspp(X, off, k, seed)
+    labels, centres, passes = native._C.kmeans_lloyd(X, off, init, 20)
+    ref_labels, ref_centres = _lloyd64(X, off, init, 20)
+    where = f"seed={seed} sizes={sizes} k={k} D={D}"
+    assert torch.equal(labels, ref_labels), where
+    assert_close_rel(centres, ref_centres, TOL[dtype], where)
+    assert passes.shape == (len(sizes),) and bool((passes >= 1).all() and (passes <= 21).all())
+
+
+def test_native_lloyd_stops_each_set_on_its_own():
+    """Each set stops when its own labels are stable: a set whose start is already its answer
+    takes 2 assignments (assign, confirm), the others as many as they need."""
+    X, off = _ragged_sets([40, 60], 4, 1, torch.float64)
+    init = native._C.kmeanspp(X, off, 3, 0)
+    _, done, _ = native._C.kmeans_lloyd(X, off, init, 50)  # converged centres of both sets
+    start = torch.stack([done[0], init[1]])
+    _, _, passes = native._C.kmeans_lloyd(X, off, start, 50)
+    assert int(passes[0]) == 2, passes
+    assert int(passes[1]) >= 2
+
+
+def _total_inertia(X, off, labels, centres):
+    o = off.tolist()
+    return sum(float(((X[o[j]:o[j + 1]] - centres[j][labels[o[j]:o[j + 1]]]) ** 2).sum())
+               for j in range(len(o) - 1))
+
+
+def test_native_kmeans_as_good_as_reference():
+    """gk.kmeans on the native backend draws its own k-means++ starts: over 40 ragged sets of
+    blobs its total inertia is within 2% of the reference's (the same algorithm)."""
+    rng = np.random.default_rng(secrets.randbits(31))
+    sizes = [int(n) for n in rng.integers(12, 90, 40)]
+    X, off = _ragged_sets(sizes, 6, int(rng.integers(2 ** 31)), torch.float64, k=4)
+    ours, ref = [], []
+    for seed in range(3):
+        with gk.set_backend("reference"):
+            ref.append(_total_inertia(X, off, *gk.kmeans(X, 4, offsets=off, seed=seed)))
+        with gk.set_backend("native"):
+            ours.append(_total_inertia(X, off, *gk.kmeans(X, 4, offsets=off, seed=seed)))
+    assert np.mean(ours) <= 1.02 * np.mean(ref), (ours, ref)
+
+
+def test_native_kmeanspp_seeded_and_thread_independent():
+    X, off = _ragged_sets([7, 33, 257, 50], 5, 2, torch.float32, k=3)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(native._C.kmeanspp(X, off, 3, 11))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert not torch.equal(outs[0], native._C.kmeanspp(X, off, 3, 12))
+    o = off.tolist()
+    for j in range(len(o) - 1):  # every centre is one of its set's points, all distinct here
+        pts = X[o[j]:o[j + 1]]
+        assert all(bool((pts == c).all(1).any()) for c in outs[0][j])
+        assert torch.unique(outs[0][j], dim=0).shape[0] == 3
+    dup = torch.zeros(9, 2)  # all points equal: still k centres (uniform draws), no NaN
+    assert torch.equal(native._C.kmeanspp(dup, torch.tensor([0, 9]), 4, 0), torch.zeros(1, 4, 2))
+
+
+def test_native_lloyd_rejects_bad_inputs():
+    C = native._C
+    X = torch.randn(10, 3)
+    off = torch.tensor([0, 4, 10])
+    init = torch.randn(2, 3, 3)
+    with pytest.raises(ValueError, match="set 0 has 4 points, fewer than k = 5"):
+        C.kmeans_lloyd(X, off, torch.randn(2, 5, 3), 5)
+    with pytest.raises(ValueError, match="offsets must run from 0 to N = 10"):
+        C.kmeans_lloyd(X, torch.tensor([0, 4, 9]), init, 5)
+    with pytest.raises(ValueError, match="centers must have shape"):
+        C.kmeans_lloyd(X, off, torch.randn(3, 3, 3), 5)
+    with pytest.raises(TypeError, match="centers must have X's dtype"):
+        C.kmeans_lloyd(X, off, init.double(), 5)
+    with pytest.raises(TypeError, match="offsets must be int64"):
+        C.kmeans_lloyd(X, off.int(), init, 5)
+    with pytest.raises(ValueError, match="iters"):
+        C.kmeans_lloyd(X, off, init, -1)
+    with pytest.raises(ValueError, match="set 0 has 4 points, fewer than k = 7"):
+        C.kmeanspp(X, off, 7, 0)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        C.kmeanspp(X, off, 0, 0)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        C.kmeanspp(X.int(), off, 2, 0)
