@@ -5,13 +5,22 @@
 #
 # torch: a torch that Python already sees (e.g. a CUDA build on a GPU machine) is reused, never
 # replaced: the venv is made with --system-site-packages and torch is installed only if missing,
-# as torch==2.13.0 (served from a local CPU wheel on the project's machines). The extension is
-# built with --no-build-isolation so pip never fetches a second torch into a build environment.
+# as torch==2.14.1 with torchvision==0.29.1 (both served from local wheel files on the project's
+# machines; a CUDA build, which runs on the CPU). torchvision is what open_clip (the image encoder
+# of `fedsim embed`) imports, and it has no PyPI build that imports beside the CPU torch 2.13.0
+# this script installed before; benchmarks/NOTES.md ("The image path in the default tests") has
+# the set-up time, disk and test time of this choice against a second venv for the open_clip tests.
+# With that torchvision importable, open_clip_torch and timm are added with --no-deps (they never
+# replace torch); beside a torch of yours without one, open_clip is left out and its tests skip.
+# The extension is built with --no-build-isolation so pip never fetches a second torch into a
+# build environment, and without the CUDA kernels when no GPU is visible (GEOMKERN_NO_CUDA=1: a
+# CUDA torch on a CPU machine would have nvcc compile kernels nothing here can run); set
+# GEOMKERN_NO_CUDA=0 to build them anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
-TORCH_SPEC=${GEOMKERN_TORCH_SPEC:-torch==2.13.0}
+TORCH_SPEC=${GEOMKERN_TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}  # one or more requirements
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[bootstrap] creating $VENV"
@@ -22,11 +31,17 @@ VPY="$VENV/bin/python"
 
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   echo "[bootstrap] no torch found; installing $TORCH_SPEC"
-  "$VPY" -m pip install -q "$TORCH_SPEC"
+  # shellcheck disable=SC2086  # a list of requirements, split on purpose
+  "$VPY" -m pip install -q $TORCH_SPEC
+fi
+if "$VPY" -c "import torchvision" >/dev/null 2>&1; then clip=1; else clip=0; fi
+if [ -z "${GEOMKERN_NO_CUDA:-}" ]; then
+  GEOMKERN_NO_CUDA=$("$VPY" -c "import torch; print(0 if torch.cuda.is_available() else 1)")
+  export GEOMKERN_NO_CUDA
 fi
 
 stamp_file="$VENV/.geomkern-build-stamp"
-stamp=$( { cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; "$VPY" -c "import torch; print(torch.__version__)"; } | sha256sum | cut -d' ' -f1)
+stamp=$( { cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; "$VPY" -c "import torch; print(torch.__version__)"; echo "clip=$clip no_cuda=$GEOMKERN_NO_CUDA"; } | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VPY" -c "import geomkern._C" >/dev/null 2>&1; then
   echo "[bootstrap] geomkern up to date ($("$VPY" -c 'import torch; print("torch", torch.__version__)'))"
   exit 0
@@ -35,7 +50,16 @@ echo "[bootstrap] installing build tools"
 "$VPY" -m pip install -q setuptools wheel pybind11 ninja
 # Dependencies come from pyproject.toml; the torch present satisfies its torch requirement, so
 # pip leaves it alone.
-echo "[bootstrap] building geomkern._C (C++/OpenMP) and installing geomkern[fedsim,test]"
-"$VPY" -m pip install -q --no-build-isolation -e ".[fedsim,test]"
+extras=fedsim,test
+[ "$clip" = 1 ] && extras=fedsim,test,clip
+echo "[bootstrap] building geomkern._C (C++/OpenMP) and installing geomkern[$extras]"
+"$VPY" -m pip install -q --no-build-isolation -e ".[$extras]"
+if [ "$clip" = 1 ]; then
+  echo "[bootstrap] installing open_clip (fedsim embed's image encoder) beside torchvision"
+  "$VPY" -m pip install -q --no-deps open_clip_torch 'timm>=1.0.17'
+  "$VPY" -c "import open_clip" || { echo "[bootstrap] open_clip does not import (above)" >&2; exit 1; }
+else
+  echo "[bootstrap] open_clip left out: no torchvision imports beside $("$VPY" -c 'import torch; print("torch", torch.__version__)') (fedsim embed --encoder open_clip and its tests need it; docs/data.md says how to add it)"
+fi
 "$VPY" -c "import geomkern as gk; print('[bootstrap] backends:', gk.available_backends())"
 echo "$stamp" > "$stamp_file"
