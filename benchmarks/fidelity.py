@@ -13,9 +13,13 @@ Distance to the manifold = sqrt(|z - Q Q^T z|^2 + dist_3D(Q^T z, M)^2), with dis
 on a fine grid of the noise-free surface.
 
 Methods: GGEUR (global covariance eigenbasis), local PCA (per-patch linear PCA, the obvious
-baseline), FedMC with each pre-image solver and formulation.
+baseline), FedMC with each pre-image solver and formulation: "consistent" (the default), "paper"
+(Eq. 10-13 literally: the target is built from the perturbed kernel-PC coordinates alone, solved
+by gd from x as Eq. 14, not anchored) and "hybrid" (the paper's perturbation added to k(x, B)).
 
-Run: python benchmarks/fidelity.py [--size full|small] [--out FILE]
+Run: python benchmarks/fidelity.py [--size full|small|tiny] [--out FILE] [--plot DIR]
+(--plot: one PNG per manifold, the clean manifold and every method's samples in 3-D, the ratio in
+each panel's title: DIR/fidelity-scurve.png, DIR/fidelity-swissroll.png)
 """
 from __future__ import annotations
 
@@ -130,13 +134,12 @@ def local_pca_samples(clients, target, seed, n_clusters, d):
 
 
 def fedmc_setup(clients, *, n_clusters, d, n_base, n_entries, gamma, seed):
-    """FedMC's set-up recipe (fedmc.setup) without DP noise or clipping; enough prototypes per client
-    for the server's K-Means into n_base."""
+    """FedMC's set-up recipe (fedmc.setup) at epsilon = inf (plain K-Means, no clipping); enough
+    prototypes per client for the server's K-Means into n_base."""
     res = fedmc.setup([torch.from_numpy(C) for C in clients],
                       generators=[torch.Generator().manual_seed(seed + i) for i in range(len(clients))],
                       n_prototypes=-(-2 * n_base // len(clients)), n_base=n_base, n_clusters=n_clusters,
-                      n_components=d, n_entries=n_entries, gamma=gamma, epsilon=math.inf, clip_norm=1e9,
-                      seed=seed)
+                      n_components=d, n_entries=n_entries, gamma=gamma, epsilon=math.inf, seed=seed)
     return res.basis, res.dictionary
 
 
@@ -155,6 +158,7 @@ def fedmc_samples(clients, target, seed, B, dictionary, *, formulation, method, 
 
 # ------------------------------------------------------------------------------------- driver
 SIZES = {
+    "tiny": dict(n=400, dims=(8,), clients=3, n_clusters=3, d=2, n_base=24, n_entries=6, grid=200),  # tests of the driver
     "small": dict(n=1200, dims=(16,), clients=5, n_clusters=4, d=2, n_base=48, n_entries=12, grid=600),
     "full": dict(n=5000, dims=(16, 64), clients=5, n_clusters=6, d=2, n_base=256, n_entries=20, grid=1500),
 }
@@ -164,8 +168,12 @@ FEDMC_VARIANTS = (  # label, formulation, method, anchored
     ("fedmc consistent/gd", "consistent", "gd", False),
     ("fedmc consistent/fixed_point", "consistent", "fixed_point", False),
     ("fedmc default (fixed_point, anchored)", "consistent", "fixed_point", True),
+    ("fedmc hybrid/gd", "hybrid", "gd", False),
     ("fedmc paper/gd", "paper", "gd", False),
+    ("fedmc paper/gd, anchored", "paper", "gd", True),
 )
+# the rows a --plot figure shows, each in its own panel (with the clean manifold first)
+PLOTTED = ("ggeur", "local pca", "fedmc default (fixed_point, anchored)", "fedmc hybrid/gd", "fedmc paper/gd")
 
 
 def split_problem(name: str, dim: int, cfg: dict, seed: int, noise: float, displacement: float):
@@ -181,19 +189,22 @@ def split_problem(name: str, dim: int, cfg: dict, seed: int, noise: float, displ
 
 def run(size: str = "full", *, seed: int = 0, gamma="median", noise: float = 0.01,
         displacement: float = 0.1, manifolds=("s_curve", "swiss_roll"), variants=FEDMC_VARIANTS,
-        progress: bool = True) -> list[dict]:
+        progress: bool = True, plot_dir=None) -> list[dict]:
     """One row per (manifold, D, method). ``displacement`` is the target mean |x' - x| as a
-    fraction of the manifold's RMS radius."""
+    fraction of the manifold's RMS radius. ``plot_dir``: also write one PNG per manifold (its
+    smallest D) there (:func:`plot_manifold`); returns the rows either way."""
     cfg = SIZES[size]
     rows = []
     for name in manifolds:
         for dim in cfg["dims"]:
             M, clients, X, target = split_problem(name, dim, cfg, seed, noise, displacement)
             base = float(M.distance(X).mean())
+            samples = {}  # method -> (Z, ratio), for the figure
 
             def add(method, Z, seconds, **extra):
                 disp = float(np.linalg.norm(Z - X, axis=1).mean())
                 dist = float(M.distance(Z).mean())
+                samples[method] = (Z, dist / disp)
                 rows.append(dict(manifold=name, D=dim, method=method, ratio=dist / disp,
                                  mean_distance=dist, mean_displacement=disp, target_displacement=target,
                                  data_distance=base, seconds=seconds, **extra))
@@ -216,7 +227,69 @@ def run(size: str = "full", *, seed: int = 0, gamma="median", noise: float = 0.0
                 Z, scale = fedmc_samples(clients, target, seed, B, dictionary, formulation=formulation,
                                          method=method, anchored=anchored)
                 add(label, Z, time.perf_counter() - t0 + setup, scale=scale, gamma=dictionary.gamma)
+            if plot_dir is not None and dim == cfg["dims"][0]:
+                path = plot_manifold(M, X, samples, plot_dir, dim=dim, seed=seed)
+                if progress:
+                    print(f"  wrote {path}", file=sys.stderr)
     return rows
+
+
+FIGURE_NAMES = {"s_curve": "fidelity-scurve.png", "swiss_roll": "fidelity-swissroll.png"}
+
+
+def plot_manifold(M: Manifold, X: np.ndarray, samples: dict, out_dir, *, dim: int, seed: int = 0,
+                  n_points: int = 1500):
+    """One PNG for manifold M: the clean (noise-free) manifold, then each method's samples in its
+    own panel (the methods of PLOTTED first), seen along the surface's straight axis (v): the
+    D-dim samples are mapped to M's 3-D coordinates (Q^T z) and drawn in the (x, z) plane, where
+    the manifold is the curve drawn in every panel and a sample off it is off the manifold (only
+    the out-of-plane part |z - Q Q^T z| is not visible). Points are coloured by the position along
+    the curve of the point each sample came from; each title gives the fidelity ratio and the mean
+    displacement (the same for every method where the scale could match it). Returns the path (``out_dir``/FIGURE_NAMES[M.name])."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pick = np.random.default_rng(seed).choice(len(X), min(n_points, len(X)), replace=False)
+    colour = np.sort(M.u)[pick]  # X is in client order = sorted by u (split_problem)
+    t = np.linspace(0, 1, 400)
+    curve = _surface(M.name, t, np.zeros_like(t))[:, [0, 2]]
+    methods = [m for m in PLOTTED if m in samples] + [m for m in samples if m not in PLOTTED]
+    uc, vc = np.random.default_rng(seed).random((2, len(pick)))
+    panels = [("clean manifold", _surface(M.name, uc, vc)[:, [0, 2]], uc, "")]
+    for m in methods:
+        Z, ratio = samples[m]
+        disp = float(np.linalg.norm(Z - X, axis=1).mean())
+        P = (Z[pick] @ M.Q)[:, [0, 2]]
+        panels.append((m, P, colour, f"ratio {ratio:.3f}, displacement {disp:.3g}"))
+    cols = min(5, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 3.2 * rows), squeeze=False)
+    lo, hi = curve.min(0), curve.max(0)
+    pad = 0.2 * (hi - lo)
+    for ax, (title, P, c, sub) in zip(axes.ravel(), panels):
+        ax.plot(curve[:, 0], curve[:, 1], color="0.6", lw=0.8, zorder=1)
+        ax.scatter(P[:, 0], P[:, 1], c=c, cmap="viridis", s=3, linewidths=0, zorder=2)
+        outside = int((((P < lo - pad) | (P > hi + pad)).any(1)).sum())
+        note = f"\n{outside} of {len(P)} outside the frame" if outside else ""
+        ax.set_title(f"{title}\n{sub}{note}" if sub else title, fontsize=8)
+        ax.set_xlim(lo[0] - pad[0], hi[0] + pad[0])
+        ax.set_ylim(lo[1] - pad[1], hi[1] + pad[1])
+        ax.set_aspect("equal")
+        ax.tick_params(labelsize=6)
+    for ax in axes.ravel()[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{M.name.replace('_', ' ')}, D = {dim}, seen along its straight axis: samples at matched mean "
+                 "displacement (ratio = distance to the manifold / displacement, lower is better)", fontsize=9)
+    fig.tight_layout()
+    path = out / FIGURE_NAMES[M.name]
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -236,9 +309,11 @@ def main(argv=None) -> int:
     p.add_argument("--gamma", default="median", help='"median", "1/D" or a number')
     p.add_argument("--displacement", type=float, default=0.1)
     p.add_argument("--out", default="")
+    p.add_argument("--plot", default=None, metavar="DIR",
+                   help="write one PNG per manifold (clean manifold + each method's samples) into DIR")
     a = p.parse_args(argv)
     gamma = a.gamma if a.gamma in ("median", "1/D") else float(a.gamma)
-    rows = run(a.size, seed=a.seed, gamma=gamma, displacement=a.displacement)
+    rows = run(a.size, seed=a.seed, gamma=gamma, displacement=a.displacement, plot_dir=a.plot)
     print(format_rows(rows))
     if a.out:
         from pathlib import Path

@@ -37,16 +37,26 @@ def fingerprint(cfg, method: str, seed: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _hash_tensor(h, name: str, t: torch.Tensor) -> None:
+    t = t.detach().cpu().contiguous()
+    h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
 def dataset_checksum(ds) -> str:
-    """sha256 of the dataset's arrays (names, dtypes, shapes, bytes) and class names."""
+    """sha256 of the dataset's arrays (names, dtypes, shapes, bytes) and class names. A
+    PersonalDataset (``clients``) hashes every client's four arrays and feature-space name."""
     h = hashlib.sha256()
-    for name in ("x_train", "y_train", "x_test", "y_test", "d_train", "d_test", "class_text"):
-        t = getattr(ds, name)
-        if t is None:
-            continue
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    if hasattr(ds, "clients"):
+        for i, c in enumerate(ds.clients):
+            for name in ("x_train", "y_train", "x_test", "y_test"):
+                _hash_tensor(h, f"client{i}.{name}", getattr(c, name))
+            h.update(f"client{i}.space:{c.space}:{c.n_classes}:".encode())
+    else:
+        for name in ("x_train", "y_train", "x_test", "y_test", "d_train", "d_test", "class_text"):
+            t = getattr(ds, name)
+            if t is not None:
+                _hash_tensor(h, name, t)
     h.update(json.dumps(list(ds.class_names)).encode())
     return h.hexdigest()
 
@@ -77,10 +87,13 @@ def _finite(obj) -> bool:
     return True
 
 
-def load(path: Path, *, fingerprint: str, dataset: str, template: dict, rounds: int, device, redo: str) -> dict:
+def load(path: Path, *, fingerprint: str, dataset: str, template: dict | None, rounds: int, device, redo: str,
+         weights: tuple[str, ...] = ("global",)) -> dict:
     """The verified state of ``path``. ``template`` is the model's state_dict (keys, shapes, dtypes
-    the weights must have); ``rounds`` the run's number of rounds; ``redo`` says how to recover
-    (it ends every error)."""
+    the weights must have; None for the personalised path, whose per-client models differ in
+    shape); ``rounds`` the run's number of rounds; ``redo`` says how to recover (it ends every
+    error); ``weights`` the state's keys that hold model weights (the personalised path's
+    "personal" and "shared")."""
     def bad(why: str):
         raise CheckpointError(f"cannot resume from {path}: {why}; {redo}")
 
@@ -102,15 +115,17 @@ def load(path: Path, *, fingerprint: str, dataset: str, template: dict, rounds: 
         bad(f"its round {r!r} is not a round of this run (0 to {rounds})")
     if not isinstance(history, list) or len(history) != r or not all(isinstance(h, dict) for h in history):
         bad(f"its history does not hold one entry per round ({r})")
-    if not isinstance(glob, dict) or set(glob) != set(template) or any(
+    if template is not None and (not isinstance(glob, dict) or set(glob) != set(template) or any(
             not isinstance(glob[k], torch.Tensor) or glob[k].shape != template[k].shape
-            or glob[k].dtype != template[k].dtype for k in template):
+            or glob[k].dtype != template[k].dtype for k in template)):
         bad("its model weights do not fit this run's model")
+    if any(not isinstance(state.get(w), (dict, list)) for w in weights):
+        bad(f"it lacks the model weights ({', '.join(weights)})")
     if not isinstance(state.get("algorithm"), dict) or not isinstance(state.get("timings"), dict):
         bad("it lacks the algorithm state or the timings")
-    for what in ("global", "algorithm", "history"):
+    for what in (*weights, "algorithm", "history"):
         if not _finite(state[what]):
-            bad(f"its {'model weights' if what == 'global' else what} hold NaN/Inf values")
+            bad(f"its {'model weights' if what in weights else what} hold NaN/Inf values")
     return state
 
 

@@ -13,6 +13,7 @@ import torch
 AUGMENT = 1  # an augmenter's samples for one client and round
 TRAIN = 2  # local training (batch order) of one client and round
 SETUP = 3  # an augmenter's one-time geometry exchange, per client (round 0)
+GEOMETRY = 4  # an augmenter's per-round geometry exchange, per client and round (FedMC algorithm1)
 
 
 def generator(seed: int, round: int, client: int, purpose: int, *, device="cpu") -> torch.Generator:

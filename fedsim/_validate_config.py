@@ -32,7 +32,8 @@ FLAGS = {"dataset": "--dataset", "partition": "--partition", "beta": "--beta", "
          "min_size": "--min-size", "feature_shift": "--feature-shift", "feature_noise": "--feature-noise",
          "client_fraction": "--fraction", "rounds": "--rounds", "local_epochs": "--epochs",
          "batch_size": "--batch-size", "lr": "--lr", "model": "--model", "zero_shot": "--zero-shot",
-         "seed": "--seed", "seeds": "--seeds", "device": "--device"}
+         "seed": "--seed", "seeds": "--seeds", "device": "--device",
+         "centralised": "--centralised"}
 
 # the largest seed: torch.manual_seed takes 64-bit seeds, numpy's SeedSequence any non-negative int
 MAX_SEED = 2 ** 63 - 1
@@ -215,7 +216,12 @@ def _run_fields():
 
 # model parameters, per model: the keyword arguments of its constructor
 MODEL_PARAMS = {("linear", "scale"): Real(0, lo_open=True), ("linear", "learn_scale"): Bool(),
-                ("mlp", "hidden"): Int(1)}
+                ("mlp", "hidden"): Int(1), ("mlp", "depth"): Int(1),
+                # the prompt head (fedsim/prompt.py)
+                ("prompt", "n_ctx"): Either(Nothing(), Int(0)), ("prompt", "ctx_init"): Str(),
+                ("prompt", "class_text"): Choice("word", "lexnames", "name"), ("prompt", "csc"): Bool(),
+                ("prompt", "scale"): Real(0, lo_open=True), ("prompt", "learn_scale"): Bool(),
+                ("prompt", "tower"): Choice("minilm"), ("prompt", "allow_other_encoder"): Bool()}
 
 # algorithm hyper-parameters by name (a name means the same thing in every algorithm that has it)
 ALGORITHM_PARAMS = {
@@ -226,12 +232,13 @@ ALGORITHM_PARAMS = {
 
 
 def _augmenter_params():
-    from .augmenters import fedmc, ggeur  # fedsim reaches the geometry through augmenters.py alone
+    from .augmenters import FEDMC_PROTOCOLS, fedmc, ggeur  # fedsim reaches the geometry through augmenters.py alone
 
     positive = Int(1)
     return {
         "target_per_class": Int(0), "n_per_prototype": Int(0),
         "prototypes": Either(Bool(), Choice("auto")), "noise": Choice(*ggeur.NOISE_MODES),
+        "multi_domain_target": Either(Nothing(), Int(0)), "resample": Choice("round", "once"),
         "n_prototypes": positive, "n_base": positive, "n_clusters": positive, "n_entries": positive,
         "n_components": Either(positive, Choice("auto")),
         "gamma": Either(Real(0, lo_open=True), Choice("median", "1/D")),
@@ -239,7 +246,9 @@ def _augmenter_params():
         "epsilon_total": Either(Nothing(), Real(0, lo_open=True, inf_ok=True,
                                                 note="the whole budget of a client's DP releases")),
         "delta": Real(0, 1, lo_open=True, hi_open=True),
-        "clip_norm": Real(0, lo_open=True),
+        "clip_norm": Either(Nothing(), Real(0, lo_open=True, note="row-norm bound of the DP release; "
+                                                                  "required with a finite epsilon")),
+        "protocol": Choice(*FEDMC_PROTOCOLS),
         "n_per_sample": Either(Nothing(), Int(0)), "steps": Either(Nothing(), positive),
         "scale": Real(0), "method": Choice(*fedmc.PREIMAGE_METHODS), "formulation": Choice(*fedmc.FORMULATIONS),
         "anchored": Bool(),

@@ -3,7 +3,10 @@
 An augmenter runs its geometry exchange once (``setup``: embeddings are frozen, so the clients'
 geometry only changes when their data does) and then gives each selected client extra samples
 every round (``augment``: fresh perturbations per round). It accounts the bytes its exchange
-moves: ``setup_bytes`` (up, down) summed over clients.
+moves: ``setup_bytes`` (up, down) summed over clients. An augmenter whose geometry changes per
+round (FedMC's ``protocol="algorithm1"``) does that exchange in ``begin_round`` (called by the
+loop before the round's clients train; its bytes in ``round_bytes``), may ask the loop to train on
+its samples alone (``replaces_data``), and keeps what a resumed run needs in ``state_dict``.
 """
 from __future__ import annotations
 
@@ -12,11 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from geomkern import fedmc, ggeur
+from geomkern import fedmc, ggeur, privacy
 from geomkern.exchange import nbytes
 
 from ._params import merge_params
-from ._seeds import SETUP, generator
+from ._seeds import GEOMETRY, SETUP, generator
+from ._seeds import AUGMENT
+from ._seeds import generator as _generator  # augment()'s argument is named generator
 
 
 @dataclass
@@ -33,9 +38,26 @@ class Augmenter:
     def __init__(self, **params):
         self.p = merge_params(f"augmenter {self.name!r}", "parameter", self.defaults, params)
         self.setup_bytes = (0, 0)
+        self.round_bytes = (0, 0)  # (up, down) of the exchange of the current round's begin_round
+        self.replaces_data = False  # True: this round's clients train on augment's samples alone
 
     def setup(self, clients: list[ClientData], *, n_classes: int, seed: int) -> None:
         pass
+
+    def begin_round(self, round: int, selected: list[int], clients: list[ClientData], *, n_classes: int,
+                    seed: int) -> None:
+        """Called by the loop at the start of round ``round`` (0-based), before the ``selected``
+        clients train: a per-round exchange goes here (it sets ``round_bytes`` and may set
+        ``replaces_data``). Its randomness must follow from (seed, round, selected) alone, so that a
+        resumed run repeats it. No-op by default."""
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs besides (seed, round): plain ints, floats, strings, lists and
+        dicts, stored in the checkpoint after every round. Empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (after ``setup``) when a run resumes."""
 
     def privacy(self, n_clients: int) -> dict:
         """What the exchange of ``setup`` spent per client, as the DP accountant states it:
@@ -53,40 +75,98 @@ class Augmenter:
 class GGEURAugmenter(Augmenter):
     """GGEUR: clients upload class moments, the server pools them (Eq. 4) and sends back each
     class's global eigenbasis; clients sample around their local samples (fill each held class up
-    to ``target_per_class``). Multi-domain data (or ``prototypes=True``): clients also upload class
-    prototypes and sample ``n_per_prototype`` around every other client's prototypes."""
+    to ``target_per_class``; the paper fills to 2,000 on single-domain data). Multi-domain data (or
+    ``prototypes=True``): clients also upload class prototypes and sample ``n_per_prototype``
+    around every prototype of the *other domains* (the paper's Algorithm 2, M = 500 there): one
+    pooled class mean per (domain, class), never one of the client's own domains; step 1 then
+    fills to ``multi_domain_target`` (unset: ``target_per_class``; 500 in the paper). Without
+    domain ids (``prototypes=True`` on single-domain data) each client counts as its own domain.
+
+    ``resample``: "round" draws fresh samples every round (default); "once" is the paper's one-shot
+    augmentation (Algorithms 1-2): a client's samples are drawn once, from the stream of round 0,
+    and the same fixed set is used every round (and again, identically, after a resume)."""
 
     name = "ggeur"
-    defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt"}
+    defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt",
+                "multi_domain_target": None, "resample": "round"}
 
     def setup(self, clients, *, n_classes, seed):
-        self.stats = [ggeur.local_statistics(c.x, c.y, n_classes) for c in clients]
+        self.seed, self.cache = seed, {}
+        self.combine([self.upload(c, n_classes) for c in clients])
+
+    def upload(self, data: ClientData, n_classes: int) -> dict:
+        """Client side of the exchange: what one client sends (``combine`` takes one per client):
+        ``stats`` (its ClassStatistics), ``domains`` (the domain ids it holds, sorted; None without
+        domain ids) and ``per_domain`` (one ClassStatistics per held domain, only from a client of
+        several domains that may need the multi-domain step; else None)."""
+        doms = None if data.d is None else sorted(set(data.d.tolist()))
+        per_domain = None
+        if doms and len(doms) > 1 and self.p["prototypes"] is not False:
+            per_domain = [ggeur.local_statistics(data.x[data.d == d], data.y[data.d == d], n_classes) for d in doms]
+        return {"stats": ggeur.local_statistics(data.x, data.y, n_classes), "domains": doms, "per_domain": per_domain}
+
+    def combine(self, uploads: list[dict]) -> None:
+        """Server side of the exchange, from every client's ``upload``: the global geometry, whether
+        the multi-domain step runs, each client's prototypes of the other domains (``others``) and
+        the bytes moved (``setup_bytes``)."""
+        self.stats = [u["stats"] for u in uploads]
         self.geometry = ggeur.aggregate(self.stats)
+        doms = [u["domains"] for u in uploads]
         use_protos = self.p["prototypes"]
         if use_protos == "auto":  # the multi-domain step, when the data has several domains
-            doms = [c.d for c in clients if c.d is not None]
-            use_protos = bool(doms) and len(torch.unique(torch.cat(doms))) > 1
+            use_protos = len({d for ds in doms if ds for d in ds}) > 1
         self.use_protos = bool(use_protos)
         up = sum(s.nbytes() for s in self.stats)
-        down = len(clients) * self.geometry.nbytes()
+        down = len(uploads) * self.geometry.nbytes()
         if self.use_protos:
-            self.others = [ggeur.prototypes(self.stats, exclude=k) for k in range(len(clients))]
+            if any(ds is None for ds in doms):  # no domain ids: every client is its own domain
+                entries, groups, own = self.stats, list(range(len(uploads))), [[k] for k in range(len(uploads))]
+            elif all(len(ds) <= 1 for ds in doms):  # one domain per client: its statistics carry the means
+                entries, groups, own = self.stats, [ds[0] if ds else -1 for ds in doms], doms
+            else:  # clients holding several domains upload one set of class means per domain they hold
+                entries, groups = [], []
+                for u, ds in zip(uploads, doms):  # a one-domain client's statistics are its domain's
+                    entries += u["per_domain"] if len(ds) > 1 else [u["stats"]] * len(ds)
+                    groups += ds
+                up += sum(nbytes(e.means, e.counts) for e in entries)
+                own = doms
+            self.others = [ggeur.group_prototypes(entries, groups, exclude=own[k])[:2] for k in range(len(uploads))]
             down += sum(nbytes(p, l) for p, l in self.others)
         self.setup_bytes = (up, down)
+
+    def receive(self, cid: int, geometry, others, *, seed: int) -> None:
+        """Client side after the exchange (a client of a real federation, which has no
+        ``combine``): the global geometry and, for the multi-domain step, the prototypes (P, L) the
+        server sent client ``cid`` (None: no such step). ``augment(cid, ...)`` then draws exactly what
+        it draws after ``setup``."""
+        self.seed, self.cache = seed, {}
+        self.geometry, self.use_protos = geometry, others is not None
+        self.others = {cid: others} if others is not None else None
 
     def privacy(self, n_clients: int) -> dict:  # the class statistics go up without noise
         return {"epsilon_spent": [None] * n_clients, "delta": 0.0, "releases": 0}
 
     def augment(self, cid, data, *, generator):
+        if self.p["resample"] == "once":  # one draw per client, from round 0's stream, reused every round
+            if cid not in self.cache:
+                self.cache[cid] = self._draw(cid, data, _generator(self.seed, 0, cid, AUGMENT, device=data.x.device))
+            return self.cache[cid]
+        return self._draw(cid, data, generator)
+
+    def _draw(self, cid, data, generator):
+        p = self.p
+        target = p["target_per_class"]
+        if self.use_protos and p["multi_domain_target"] is not None:
+            target = p["multi_domain_target"]
         xs, ys = [], []
-        x_new, y_new = ggeur.augment(data.x, data.y, self.geometry, target_per_class=self.p["target_per_class"],
-                                     generator=generator, noise=self.p["noise"])
+        x_new, y_new = ggeur.augment(data.x, data.y, self.geometry, target_per_class=target,
+                                     generator=generator, noise=p["noise"])
         xs.append(x_new)
         ys.append(y_new)
         if self.use_protos:
             P, L = self.others[cid]
-            xp, yp = ggeur.augment_prototypes(P, L, self.geometry, n_per_prototype=self.p["n_per_prototype"],
-                                              generator=generator, noise=self.p["noise"])
+            xp, yp = ggeur.augment_prototypes(P, L, self.geometry, n_per_prototype=p["n_per_prototype"],
+                                              generator=generator, noise=p["noise"])
             xs.append(xp)
             ys.append(yp)
         return torch.cat(xs), torch.cat(ys)
@@ -122,28 +202,83 @@ class OversampleAugmenter(Augmenter):
         return data.x[rows], data.y[rows]
 
 
+FEDMC_PROTOCOLS = ("fixed", "algorithm1")
+_DP_ITERS = 5  # noisy Lloyd releases per DP K-Means (fedmc's default)
+
+
 class FedMCAugmenter(Augmenter):
-    """FedMC: DP prototypes -> GAB -> local geometry -> fused dictionary (once), then every round
-    fresh calibrated samples labelled like their source: by default the same budget as GGEUR
-    (fill each held class up to ``target_per_class``), or ``n_per_sample`` per local sample."""
+    """FedMC, in one of two protocols (``protocol``):
+
+    ``"fixed"`` (default): DP prototypes -> GAB -> local geometry -> fused dictionary, once, from
+    every client; then every round fresh calibrated samples labelled like their source, *added* to
+    the client's real data: by default the same budget as GGEUR (fill each held class up to
+    ``target_per_class``), or ``n_per_sample`` per local sample.
+
+    ``"algorithm1"`` (the paper's Algorithm 1): the GAB once (DP prototypes of every client); in
+    every round r the participating clients S_r release fresh LGDs (their own generators
+    (seed, r, k), so round r's geometry follows from (seed, r, S_r)), the server fuses them into
+    D_r, and round r + 1's clients calibrate with D_r. A client trains on its calibrated samples
+    only, one x' per x (the paper's D-hat_k; ``target_per_class`` and ``n_per_sample`` do not
+    apply). Round 1 has no dictionary yet (D_r exists only after round r's uploads), so its clients
+    train on their real data. Bytes: round r counts S_r's LGD uploads and D_{r-1}'s download to
+    S_r. Privacy: every participation is one more DP release; a client's epsilon composes its
+    prototypes' release and all of its patch releases (``epsilon_total`` does not apply: the
+    number of releases depends on how often a client is selected).
+
+    ``clip_norm``: None (default) clips nothing at epsilon = inf (plain k-means++ patches); with a
+    finite epsilon (or epsilon_total) None means 1.0, the norm of fedsim's L2-normalised rows.
+    """
 
     name = "fedmc"
     defaults = {"n_prototypes": 32, "n_base": 256, "n_clusters": 8, "n_components": 4, "n_entries": 32,
-                "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": 1.0,
+                "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": None,
                 "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
-                "formulation": "consistent", "steps": None, "anchored": True, "epsilon_total": None}
+                "formulation": "consistent", "steps": None, "anchored": True, "epsilon_total": None,
+                "protocol": "fixed"}
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        p = self.p
+        if p["protocol"] not in FEDMC_PROTOCOLS:
+            raise ValueError(f"augmenter 'fedmc': protocol={p['protocol']!r} is not known; choose one of "
+                             f"{list(FEDMC_PROTOCOLS)}")
+        finite = p["epsilon"] != math.inf or p["epsilon_total"] not in (None, math.inf)
+        if finite and p["clip_norm"] is None:
+            # the DP release needs a bound on the row norms; fedsim's embeddings are L2-normalised
+            # (fedsim import and embed normalise; the loop warns about rows that are not)
+            p["clip_norm"] = 1.0
+        if p["protocol"] == "algorithm1" and p["epsilon_total"] is not None:
+            raise ValueError("augmenter 'fedmc': epsilon_total cannot be split in advance under "
+                             "protocol='algorithm1' (a client releases patches in every round it is selected); "
+                             "give epsilon (per release) instead: results.json reports the composed total")
+
+    def _geometry_params(self) -> dict:
+        p = self.p
+        return dict(n_clusters=p["n_clusters"], n_components=p["n_components"], n_entries=p["n_entries"],
+                    epsilon=p["epsilon"], delta=p["delta"], clip_norm=p["clip_norm"])
 
     def setup(self, clients, *, n_classes, seed):
         p = self.p
         self.n_classes = n_classes
         gens = [generator(seed, 0, k, SETUP) for k in range(len(clients))]  # the run's one derivation
+        if p["protocol"] == "algorithm1":
+            protos, self.B, self.gamma = fedmc.setup_basis(
+                [c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"], n_base=p["n_base"],
+                gamma=p["gamma"], epsilon=p["epsilon"], delta=p["delta"], clip_norm=p["clip_norm"],
+                iters=_DP_ITERS, seed=seed)
+            self.seed, self.delta = seed, p["delta"]
+            self.dictionary = self.prepared = self._next = None
+            self.released = [int(pr is not None) for pr in protos]  # DP calls per client so far
+            self._spent = {0: 0.0}  # DP calls -> composed epsilon (the accountant is slow to ask)
+            self.previous = None  # S_{r-1}: what rebuilds D_{r-1} after a resume
+            self.setup_bytes = (sum(nbytes(pr.centers, pr.counts) for pr in protos if pr is not None),
+                                len(clients) * nbytes(self.B))
+            return
         # the data stays on its device: geomkern's steps return tensors where their inputs are
         res = fedmc.setup([c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"],
-                          n_base=p["n_base"], n_clusters=p["n_clusters"], n_components=p["n_components"],
-                          n_entries=p["n_entries"], gamma=p["gamma"], epsilon=p["epsilon"], delta=p["delta"],
-                          clip_norm=p["clip_norm"], seed=seed, epsilon_total=p["epsilon_total"])
-        self.B, self.gamma, self.dictionary = res.basis, res.gamma, res.dictionary
-        self.prepared = fedmc.prepare(res.dictionary, res.basis)  # calibrate's constants, once
+                          n_base=p["n_base"], gamma=p["gamma"], seed=seed, epsilon_total=p["epsilon_total"],
+                          **self._geometry_params())
+        self.receive(res.basis, res.gamma, res.dictionary, n_classes=n_classes)
         self.spent, self.delta = res.epsilon, res.delta  # per client, both DP releases composed
         # a client without data (None) sends nothing
         up = sum(nbytes(pr.centers, pr.counts) + l.nbytes() for pr, l in zip(res.prototypes, res.lgds)
@@ -151,13 +286,71 @@ class FedMCAugmenter(Augmenter):
         down = len(clients) * (nbytes(self.B) + self.dictionary.nbytes())
         self.setup_bytes = (up, down)
 
-    def privacy(self, n_clients: int) -> dict:  # prototypes, then patch centres: two DP releases per client
-        return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.delta,
-                "releases": 2}
+    def receive(self, B, gamma: float, dictionary, *, n_classes: int) -> None:
+        """Client side after the one-time exchange (``protocol="fixed"``): the GAB B (S, D), the
+        shared gamma and the fused dictionary; calibrate's constants are prepared once here."""
+        self.n_classes = n_classes
+        self.B, self.gamma, self.dictionary = B, gamma, dictionary
+        self.prepared = fedmc.prepare(dictionary, B)
+
+    def release_epsilon(self) -> float:
+        """The epsilon of each of a client's two DP releases (``epsilon``, or ``epsilon_total``
+        split between them as fedmc.setup splits it)."""
+        p = self.p
+        if p["epsilon_total"] is None:
+            return p["epsilon"]
+        return privacy.split_epsilon(p["epsilon_total"], p["delta"], calls=2, releases=_DP_ITERS)
+
+    def _round_geometry(self, r: int, selected, clients):
+        """Round r's LGDs of the clients in ``selected`` and D_r fused from them; nothing else read."""
+        sel = set(selected)
+        return fedmc.setup_geometry([c.x if k in sel else None for k, c in enumerate(clients)], self.B, self.gamma,
+                                    generators=[generator(self.seed, r, k, GEOMETRY) if k in sel else None
+                                                for k in range(len(clients))],
+                                    iters=_DP_ITERS, seed=self.seed, **self._geometry_params())
+
+    def begin_round(self, round, selected, clients, *, n_classes, seed):
+        if self.p["protocol"] != "algorithm1":
+            return
+        if round > 0 and self._next is None:  # resumed: rebuild D_{r-1} from (seed, r-1, S_{r-1}); spends nothing new
+            self._next = self._round_geometry(round - 1, self.previous, clients)[1]
+        self.dictionary = self._next  # D_{r-1}: None in round 0
+        self.prepared = None if self.dictionary is None else fedmc.prepare(self.dictionary, self.B)
+        self.replaces_data = self.prepared is not None
+        lgds, self._next = self._round_geometry(round, selected, clients)
+        for k in selected:
+            self.released[k] += lgds[k] is not None
+        self.previous = [int(k) for k in selected]
+        down = 0 if self.dictionary is None else len(selected) * self.dictionary.nbytes()
+        self.round_bytes = (sum(l.nbytes() for l in lgds if l is not None), down)
+
+    def state_dict(self) -> dict:
+        if self.p["protocol"] != "algorithm1":
+            return {}
+        return {"released": list(self.released), "previous": self.previous}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.p["protocol"] == "algorithm1" and state:
+            self.released, self.previous = [int(n) for n in state["released"]], state["previous"]
+            self._next = None
+
+    def privacy(self, n_clients: int) -> dict:
+        if self.p["protocol"] != "algorithm1":  # prototypes, then patch centres: two DP releases per client
+            return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.delta,
+                    "releases": 2}
+        for n in set(self.released) - set(self._spent):
+            self._spent[n] = fedmc.spent(self.p["epsilon"], self.delta, iters=_DP_ITERS, releases=n)
+        eps = [self._spent[n] for n in self.released]
+        return {"epsilon_spent": [e if math.isfinite(e) else None for e in eps], "delta": self.delta,
+                "releases": max(self.released), "releases_per_client": list(self.released)}
 
     def augment(self, cid, data, *, generator):
         p = self.p
-        if p["n_per_sample"] is not None:
+        if p["protocol"] == "algorithm1":
+            if self.prepared is None:  # round 1: no dictionary yet, the client trains on its real data
+                return data.x[:0], data.y[:0]
+            rows = torch.arange(data.x.shape[0], device=data.x.device)  # one x' per x
+        elif p["n_per_sample"] is not None:
             rows = torch.arange(data.x.shape[0], device=data.x.device).repeat_interleave(p["n_per_sample"])
         else:
             rows = fill_sources(data.y, self.n_classes, p["target_per_class"])

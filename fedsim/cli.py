@@ -62,6 +62,69 @@ def _methods(algorithms: str, augmenters: str):
     return out
 
 
+def run_config(args, given: dict):
+    """The RunConfig of a new `fedsim run`: RunConfig defaults < --preset < --config file < flags
+    (``given``: RunConfig field -> value of each config flag given; --algorithms/--augmenters;
+    --set; --epsilon-total). Built and not yet validated (run() validates it)."""
+    from . import presets
+    from ._params import apply_params, parse_set
+    from .models import apply_run_defaults
+    from .runner import RunConfig, config_from_tables, read_config_toml
+
+    # defaults < --preset < --config file < flags (fedsim/presets/__init__.py)
+    tables = ([presets.load(args.preset)] if args.preset else []) + \
+             ([read_config_toml(args.config)] if args.config else [])
+    where = " + ".join(w for w, on in ((f"preset {args.preset}", args.preset),
+                                       (f"config file {args.config}", args.config)) if on)
+    cfg = config_from_tables(*tables, where=where) if tables else RunConfig()
+    for attr, v in given.items():
+        setattr(cfg, attr, v)
+    if "model" in given:  # --model mlp:512x2 -> model "mlp", model_params hidden/depth (models.parse_model)
+        from .models import parse_model
+
+        cfg.model, sizes = parse_model(cfg.model)
+        cfg.model_params = {**cfg.model_params, **sizes}
+    apply_run_defaults(cfg, set(given).union(*tables))  # the model's own defaults (models.RUN_DEFAULTS)
+    if args.algorithms or args.augmenters:
+        params = {}  # the preset's / file's [params.PLUGIN] tables also reach the methods the flags name
+        for t in tables:
+            for plugin, kv in t.get("params", {}).items():
+                params.setdefault(plugin, {}).update(kv)
+        cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or _default_augmenters(args.algorithms))
+        apply_params(cfg.methods, params, override=False)
+    apply_params(cfg.methods, parse_set(args.set), override=True, source="--set")
+    if args.epsilon_total is not None:
+        dp = [m for m in cfg.methods if m.augmenter == "fedmc"]
+        if not dp:
+            raise ValueError(f"--epsilon-total {args.epsilon_total}: it budgets FedMC's DP releases, but no "
+                             "method uses the fedmc augmenter (--augmenters fedmc)")
+        for m in dp:
+            m.augmenter_params = {**m.augmenter_params, "epsilon_total": args.epsilon_total}
+    return cfg
+
+
+def _auto_threads(cfg) -> int:
+    """--threads 0: fedsim/_threads.py's rule for this run's head and data (``cfg``: a RunConfig,
+    or a resumed run's config.json); 1 where the data cannot be read here (run() then says why)."""
+    import inspect
+
+    from ._threads import default_threads, step_work
+    from .data import load_dataset
+    from .models import MLPHead
+    from .runner import RunConfig
+
+    try:
+        if isinstance(cfg, Path):
+            cfg = RunConfig.from_dict(json.loads(cfg.read_text()))
+        ds = load_dataset(cfg.dataset)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
+    hidden = None
+    if cfg.model == "mlp":
+        hidden = cfg.model_params.get("hidden", inspect.signature(MLPHead).parameters["hidden"].default)
+    return default_threads(step_work(cfg.batch_size, ds.dim, ds.n_classes, hidden))
+
+
 def _run(args) -> int:
     import time
 
@@ -69,7 +132,7 @@ def _run(args) -> int:
 
     from ._validate_config import FLAGS
     from .report import format_table
-    from .runner import RunConfig, load_config, run
+    from .runner import RunConfig, run
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -77,7 +140,8 @@ def _run(args) -> int:
     given = {attr: getattr(args, flag[2:].replace("-", "_")) for attr, flag in FLAGS.items()
              if getattr(args, flag[2:].replace("-", "_")) is not None}
     if args.resume:
-        for flag, v in (("--out", args.out), ("--config", args.config), ("--algorithms", args.algorithms),
+        for flag, v in (("--out", args.out), ("--config", args.config), ("--preset", args.preset),
+                        ("--set", args.set), ("--algorithms", args.algorithms),
                         ("--augmenters", args.augmenters), ("--epsilon-total", args.epsilon_total)):
             if v is not None:
                 raise ValueError(f"--resume {args.resume}: {flag} cannot be used with --resume (a resumed run "
@@ -85,23 +149,14 @@ def _run(args) -> int:
         out = Path(args.resume)
         cfg = RunConfig()
     else:
-        cfg = load_config(args.config) if args.config else RunConfig()
-        for attr, v in given.items():
-            setattr(cfg, attr, v)
-        if args.algorithms or args.augmenters:
-            cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or _default_augmenters(args.algorithms))
-        if args.epsilon_total is not None:
-            dp = [m for m in cfg.methods if m.augmenter == "fedmc"]
-            if not dp:
-                raise ValueError(f"--epsilon-total {args.epsilon_total}: it budgets FedMC's DP releases, but no "
-                                 "method uses the fedmc augmenter (--augmenters fedmc)")
-            for m in dp:
-                m.augmenter_params = {**m.augmenter_params, "epsilon_total": args.epsilon_total}
+        cfg = run_config(args, given)
         out = Path(args.out or time.strftime("fedsim-out/run-%Y%m%d-%H%M%S"))
+    if not args.threads:
+        torch.set_num_threads(_auto_threads(out / "config.json" if args.resume else cfg))
     t0 = time.perf_counter()
     try:
         results = run(cfg, out, resume=bool(args.resume), progress=not args.quiet,
-                      changes=given if args.resume else None)
+                      changes=given if args.resume else None, engine=args.engine)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished round is checkpointed; continue with\n"
               f"  fedsim run --resume {out}", file=sys.stderr)
@@ -112,8 +167,8 @@ def _run(args) -> int:
     print(f"partition {c['partition']} beta={c['beta']}, {c['n_clients']} clients, {c['rounds']} rounds, "
           f"{c['seeds']} seed(s) from {c['seed']}, model {c['model']}")
     print(format_table(results, timings))
-    print(f"wrote {out}/results.json, results.csv, timings.json, accuracy.png, partition.png "
-          f"({time.perf_counter() - t0:.1f} s)")
+    print(f"wrote {out}/results.json, results.csv, timings.json, table.txt, accuracy.png, partition.png, "
+          f"per_class.png ({time.perf_counter() - t0:.1f} s)")
     return 0
 
 
@@ -193,22 +248,46 @@ def _import(args) -> int:
     return 0
 
 
+def _presets(args) -> int:
+    from . import presets
+
+    if args.name:
+        print(presets.text(args.name), end="")
+        return 0
+    for name in presets.names():
+        print(f"{name:<14} {presets.describe(name)}")
+    print("print one with: fedsim presets NAME; run with: fedsim run --preset NAME (flags override it)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsim", description="federated simulator for feature calibration "
                                 "(FedMC, GGEUR) on frozen embeddings")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run a federated experiment (default: FedAvg, +GGEUR, +FedMC on the "
-                                   "embedded data, Dirichlet beta=0.1, 10 clients)")
-    r.add_argument("--config", help="TOML file with RunConfig keys and [[methods]] tables")
+    r = sub.add_parser("run", help="run a federated experiment (default: FedAvg, FedAvg+oversample, FedAvg+GGEUR, "
+                                   "FedAvg+FedMC on the embedded data, Dirichlet beta=0.1, 10 clients)")
+    r.add_argument("--config", help="TOML file with RunConfig keys, [[methods]] tables and [params.PLUGIN] tables; "
+                   "over --preset, under the flags")
+    r.add_argument("--preset", metavar="NAME", help="a paper's settings (fedsim presets lists them: fedmc-paper, "
+                   "ggeur-paper); flags and --config override it")
+    r.add_argument("--set", action="append", metavar="PLUGIN.KEY=VALUE",
+                   help="an algorithm or augmenter hyper-parameter for every method using that plug-in, repeatable, "
+                        "e.g. --set fedmc.n_base=512 --set fedprox.mu=0.01 --set ggeur.target_per_class=2000; "
+                        "VALUE is a TOML scalar (a string may go unquoted); overrides --preset and --config")
     r.add_argument("--resume", metavar="DIR", help="continue an interrupted run in DIR")
     r.add_argument("--out", help="output folder (default fedsim-out/run-<time>)")
     r.add_argument("--dataset", help='"default" (embedded) or a dataset file written by `fedsim import` '
                    "(your own embeddings) or `fedsim embed`, or a seeded toy problem with per-client "
-                   "feature spaces: toy:noisy-features | toy:linear-mapping (docs/flic.md)")
-    r.add_argument("--partition", help="iid | dirichlet | domain | label_domain")
-    r.add_argument("--beta", type=float, help="Dirichlet concentration (default 0.1)")
+                   "feature spaces: toy:noisy-features | toy:linear-mapping, or wordnet:mixed (the embedded texts as "
+                   "MiniLM for some clients, TF-IDF+SVD for others); options in the name, e.g. "
+                   "'toy:linear-mapping?n_spaces=20&dims=3-99' or 'wordnet:mixed?prune=0' (docs/flic.md) "
+                   "(default default, the embedded data)")
+    r.add_argument("--partition", help="iid | dirichlet | domain | label_domain (default dirichlet; docs/data.md)")
+    r.add_argument("--beta", type=float, help="Dirichlet concentration of dirichlet, of domain (label skew among "
+                   "a domain's clients) and of label_domain (each class's share of every domain) (default 0.1)")
     r.add_argument("--clients", type=int, help="number of clients (default 10)")
-    r.add_argument("--min-size", dest="min_size", type=int, help="minimum samples per client (default 10)")
+    r.add_argument("--min-size", dest="min_size", type=int, help="minimum samples per client (default 10; at most "
+                   "5 in the domain and label_domain partitions)")
     r.add_argument("--feature-shift", dest="feature_shift", type=float, metavar="ANGLE",
                    help="feature-shift option of the partition: every client sees its data (and its share of "
                         "the test set) through its own fixed random rotation of this strength (default 0: none)")
@@ -219,23 +298,46 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--epochs", type=int, help="local epochs per round (default 1)")
     r.add_argument("--batch-size", dest="batch_size", type=int, help="local batch size (default 64)")
     r.add_argument("--lr", type=float, help="local learning rate (default 0.05)")
-    r.add_argument("--model", help="linear (cosine head) | mlp")
-    r.add_argument("--algorithms", help="comma list, e.g. fedavg,fedprox,scaffold (default fedavg)")
-    r.add_argument("--augmenters", help="comma list of none,oversample,ggeur,fedmc (default all four; "
-                   "oversample is the matched-compute control: the augmenters' budget of extra local "
-                   "steps spent on copies of real samples)")
+    r.add_argument("--model", help="linear (cosine head) | mlp | mlp:WIDTHxDEPTH (e.g. mlp:512x2; FedMP's trunk) | prompt (learnt prompt contexts on the frozen "
+                   "MiniLM text tower; own defaults for rounds, batch size, lr: docs/prompt.md) (default linear)")
+    r.add_argument("--algorithms", help="comma list, e.g. fedavg,fedprox,scaffold (default fedavg); each one runs "
+                   "with every augmenter of --augmenters, so a bare run is 4 methods: FedAvg, FedAvg+oversample, "
+                   "FedAvg+GGEUR, FedAvg+FedMC")
+    r.add_argument("--augmenters", help="comma list of none,oversample,ggeur,fedmc (default all four; none for "
+                   "the personalised algorithms local, fedrep, flic; oversample is the matched-compute control: "
+                   "the augmenters' budget of extra local steps spent on copies of real samples)")
     r.add_argument("--seed", type=int, help="first seed (default 0)")
     r.add_argument("--seeds", type=int, help="number of seeds; tables show mean ± std (default 1)")
     r.add_argument("--device", help="cpu | cuda (default cpu)")
-    r.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    r.add_argument("--threads", type=int, default=0,
+                   help="torch threads (default 0: one per 2**24 multiply-adds of a local step, at most the CPUs "
+                        "this process may use; pass 1 on a shared machine)")
+    r.add_argument("--centralised", dest="centralised", action="store_true", default=None,
+                   help="also train the ceiling row 'Centralised': one client holding all training data, the "
+                        "same head, FedAvg without augmenter, rounds x epochs epochs over the pooled data")
     r.add_argument("--zero-shot", dest="zero_shot", action="store_true", default=None,
                    help="initialise the linear head from the dataset's class-name text embeddings")
     r.add_argument("--epsilon-total", dest="epsilon_total", type=float, metavar="EPS",
                    help="FedMC's privacy budget per client for both of its DP releases together (split "
                         "between them; results.json reports what each client spent) instead of the "
                         "per-release epsilon of its augmenter_params")
+    r.add_argument("--engine", choices=("local", "flower"), default="local",
+                   help="local: every client in this process (default); flower: Flower's Simulation Engine "
+                        "(Ray), one virtual SuperNode per client, the same results (pip install 'geomkern[flower]'; "
+                        "docs/flower.md)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(func=_run)
+    fd = sub.add_parser("flower-demo", help="a real Flower deployment on 127.0.0.1: flower-superlink, one "
+                        "flower-supernode per client (each loading its own partition), fedsim's ServerApp; "
+                        "writes the run folder as fedsim run does (docs/flower.md)")
+    fd.add_argument("--config", help="TOML file with RunConfig keys and [[methods]] (default: FedAvg+GGEUR, "
+                    "3 clients, 3 rounds on the embedded data)")
+    fd.add_argument("--out", help="output folder (default fedsim-out/flower-<time>)")
+    fd.add_argument("--clients", type=int, help="number of clients = SuperNodes (overrides the config)")
+    fd.add_argument("--rounds", type=int, help="communication rounds (overrides the config)")
+    fd.add_argument("--timeout", type=float, default=600.0, help="seconds the whole deployment may take before it "
+                    "is shut down (default 600)")
+    fd.set_defaults(func=_flower_demo)
     d = sub.add_parser("demo", help="geometry demo: the FedMC client pipeline on an S-curve, per backend")
     d.add_argument("--n", type=int, default=6000, help="training points (default 6000)")
     d.add_argument("--dim", type=int, default=64, help="ambient dimension D (default 64)")
@@ -284,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     e.add_argument("--quiet", action="store_true", help="no progress bars")
     e.set_defaults(func=_embed)
+    pr = sub.add_parser("presets", help="list the paper presets of fedsim run --preset, or print one")
+    pr.add_argument("name", nargs="?", help="print this preset's TOML")
+    pr.set_defaults(func=_presets)
     i = sub.add_parser("import", help="turn your own embeddings and labels (.npy, .npz, .pt, .safetensors, .csv, "
                                       ".parquet) into a dataset file for `fedsim run`",
                        description="Features and labels from .npy, .npz (one array or FILE.npz:KEY), .pt/.pth "
@@ -312,6 +417,21 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     i.set_defaults(func=_import)
     return p
+
+
+def _flower_demo(args) -> int:
+    import time
+
+    from .flower.deploy import demo_config, run_deployment
+
+    cfg = demo_config(args.config, clients=args.clients, rounds=args.rounds)
+    out = Path(args.out or time.strftime("fedsim-out/flower-%Y%m%d-%H%M%S"))
+    results = run_deployment(cfg, out, timeout=args.timeout)
+    from .report import format_table
+
+    print(format_table(results, json.loads((out / "timings.json").read_text())))
+    print(f"wrote {out}/results.json (Flower deployment: 1 SuperLink, {cfg.n_clients} SuperNodes; logs in {out}/flower-logs)")
+    return 0
 
 
 # the `fedsim` extra of pyproject.toml (import name: distribution); plain `geomkern` needs none

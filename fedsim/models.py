@@ -39,21 +39,30 @@ class CosineHead(nn.Module):
 
 
 class MLPHead(nn.Module):
-    """One hidden layer (ReLU); features are the hidden activations.
+    """``depth`` hidden layers of width ``hidden`` (ReLU); features are the last hidden activations.
 
-    It is a trunk f (``trunk``: fc1 + ReLU, (b, D) -> (b, hidden)) and a classifier g
-    (``classify``: fc2, (b, hidden) -> (b, C)): methods that train g on features computed
-    elsewhere (FedMP's feature bank) call ``classify`` directly. A model without these two
-    methods has no trunk.
+    It is a trunk f (``trunk``: fc1 + ReLU, then depth - 1 more Linear + ReLU in ``deep``,
+    (b, D) -> (b, hidden)) and a classifier g (``classify``: fc2, (b, hidden) -> (b, C)): methods
+    that train g on features computed elsewhere (FedMP's feature bank) call ``classify`` directly.
+    A model without these two methods has no trunk. ``depth=1`` is the one-hidden-layer head
+    (same parameters, names and initialisation as before ``depth`` existed). On the command line:
+    ``--model mlp:512x2`` (``parse_model``).
     """
 
-    def __init__(self, dim: int, n_classes: int, *, hidden: int = 256):
+    def __init__(self, dim: int, n_classes: int, *, hidden: int = 256, depth: int = 1):
         super().__init__()
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"model mlp: depth must be an integer >= 1 (hidden layers), got {depth!r}")
         self.fc1 = nn.Linear(dim, hidden)
+        if depth > 1:
+            self.deep = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(depth - 1))
         self.fc2 = nn.Linear(hidden, n_classes)
 
     def trunk(self, x):
-        return F.relu(self.fc1(x))
+        h = F.relu(self.fc1(x))
+        for layer in getattr(self, "deep", ()):
+            h = F.relu(layer(h))
+        return h
 
     def classify(self, h):
         return self.fc2(h)
@@ -61,6 +70,20 @@ class MLPHead(nn.Module):
     def forward(self, x):
         h = self.trunk(x)
         return self.classify(h), h
+
+
+def parse_model(spec: str) -> tuple[str, dict]:
+    """``--model`` with sizes: ``"mlp:512x2"`` -> ("mlp", {"hidden": 512, "depth": 2}), ``"mlp:512"``
+    -> ("mlp", {"hidden": 512}); a name without ":" -> (name, {}). The trunk of FedMP is the MLP's
+    hidden layers, so this is also its width and depth."""
+    name, sep, size = spec.partition(":")
+    if not sep:
+        return spec, {}
+    width, x, depth = size.partition("x")
+    if name != "mlp" or not width.isdigit() or (x and not depth.isdigit()) or int(width) < 1 or (x and int(depth) < 1):
+        raise ValueError(f"--model {spec!r}: sizes are written mlp:WIDTH or mlp:WIDTHxDEPTH (e.g. mlp:512x2: two "
+                         "hidden layers of 512), for model mlp only")
+    return name, {"hidden": int(width), **({"depth": int(depth)} if x else {})}
 
 
 def has_trunk(model_or_class) -> bool:
@@ -85,10 +108,36 @@ class PersonalNet(nn.Module):
         return self.head(self.body(z)), z
 
 
-MODELS = {"linear": CosineHead, "mlp": MLPHead, "personal": PersonalNet}
+from .prompt import PromptHead  # noqa: E402  (prompt learning on a frozen text tower: fedsim/prompt.py)
+
+MODELS = {"linear": CosineHead, "mlp": MLPHead, "personal": PersonalNet, "prompt": PromptHead}
 
 
-def build_model(name: str, dim: int, n_classes: int, **kwargs) -> nn.Module:
+# RunConfig values a model runs with where no flag, --preset or --config file sets them (`fedsim run`;
+# RunConfig itself keeps one set of defaults). The prompt head pays a forward and backward pass of
+# the frozen tower over every class prompt per local step, whatever the batch size, so its rounds
+# are few; batch 256 keeps several local steps per client (with one full-batch step per client
+# FedAvg is centralised gradient descent, blind to the partition). Measured: docs/prompt.md.
+RUN_DEFAULTS = {"prompt": {"rounds": 5, "batch_size": 256, "lr": 0.5}}
+
+
+def apply_run_defaults(cfg, explicit) -> dict:
+    """Set ``cfg.model``'s RUN_DEFAULTS on ``cfg`` (a RunConfig) for the fields not in ``explicit``
+    (the fields a flag, preset or config file set). Returns what it set."""
+    changed = {k: v for k, v in RUN_DEFAULTS.get(cfg.model, {}).items() if k not in set(explicit)}
+    for k, v in changed.items():
+        setattr(cfg, k, v)
+    return changed
+
+
+def build_model(name: str, dim: int, n_classes: int, *, class_names=None, **kwargs) -> nn.Module:
+    """``class_names`` (the dataset's) go to the models that read them (``needs_class_names``: the
+    prompt head builds its class weights from them); the others ignore them."""
     if name not in MODELS:
         raise ValueError(f"model={name!r} is not known; choose one of {sorted(MODELS)}")
-    return MODELS[name](dim, n_classes, **kwargs)
+    cls = MODELS[name]
+    if getattr(cls, "needs_class_names", False):
+        if class_names is None:
+            raise ValueError(f"model={name!r} builds its class weights from the class names: pass class_names")
+        return cls(dim, n_classes, list(class_names), **kwargs)
+    return cls(dim, n_classes, **kwargs)

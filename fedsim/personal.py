@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import _checkpoint
 from ._io import atomic_write
 from ._progress import progress_bar
 from ._seeds import TRAIN, generator
@@ -33,6 +34,7 @@ from .client import local_train
 from .data import load_dataset
 from .data.dataset import ClientSplit, PersonalDataset
 from .data.partition import partition
+from .data import mixed
 from .data.toy import is_toy, load_toy
 from .models import PersonalNet
 from .runner import slug
@@ -41,10 +43,11 @@ def is_personal_run(cfg) -> bool:
     """Whether ``cfg`` runs on this path; a mix it cannot run is an error naming the fix."""
     algos = {m.name: build_algorithm(m.algorithm, **m.algorithm_params) for m in cfg.methods}
     personal = {n for n, a in algos.items() if getattr(a, "personal", False)}
-    if not personal and not is_toy(cfg.dataset):
+    spaces = is_toy(cfg.dataset) or mixed.is_mixed(cfg.dataset)  # clients in their own feature spaces
+    if not personal and not spaces:
         return False
     if personal != set(algos):
-        if is_toy(cfg.dataset):
+        if spaces:
             why = f"dataset {cfg.dataset!r} puts clients in different feature spaces"
         else:
             why = f"methods {sorted(personal)} are personalised and cannot share a run with global-model methods"
@@ -66,18 +69,47 @@ def personal_dataset(cfg, seed: int) -> PersonalDataset:
     (train and test rows pooled) partitioned by the run's scheme, 80/20 per client."""
     if is_toy(cfg.dataset):
         return load_toy(cfg.dataset, n_clients=cfg.n_clients, seed=seed)
+    if mixed.is_mixed(cfg.dataset):
+        return _mixed_dataset(cfg, seed)
     ds = load_dataset(cfg.dataset)  # domain ids play no part: a client is evaluated on its own rows
     x = torch.cat([ds.x_train, ds.x_test])
     y = torch.cat([ds.y_train, ds.y_test])
+    clients = [ClientSplit(x[tr], y[tr], x[te], y[te], n_classes=ds.n_classes)
+               for tr, te in _client_rows(cfg, y, seed)]
+    return PersonalDataset(name=ds.name, clients=clients, class_names=list(ds.class_names), meta=dict(ds.meta))
+
+
+def _client_rows(cfg, y: torch.Tensor, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The run's partition of pooled rows with labels ``y``; each client's rows split 80/20
+    (seeded) into (train, test) indices, both non-empty."""
     parts = partition(cfg.partition, labels=y, domains=None, n_clients=cfg.n_clients, beta=cfg.beta,
                       seed=seed, min_size=max(cfg.min_size, 2))
-    clients = []
+    out = []
     for cid, p in enumerate(parts):
         rng = np.random.default_rng([seed, cid, 0x5E1])
         p = torch.as_tensor(np.asarray(p))[torch.from_numpy(rng.permutation(len(p)))]
         k = min(len(p) - 1, max(1, int(round(0.8 * len(p)))))  # both splits non-empty
-        clients.append(ClientSplit(x[p[:k]], y[p[:k]], x[p[k:]], y[p[k:]], n_classes=ds.n_classes))
-    return PersonalDataset(name=ds.name, clients=clients, class_names=list(ds.class_names), meta=dict(ds.meta))
+        out.append((p[:k], p[k:]))
+    return out
+
+
+def _mixed_dataset(cfg, seed: int) -> PersonalDataset:
+    """``wordnet:mixed``: the rows split as for a homogeneous dataset; each client sees them in its
+    representation (MiniLM or TF-IDF), through its own kept coordinates (fedsim/data/mixed.py)."""
+    opts = mixed.options(cfg.dataset)
+    minilm, tfidf = mixed.load_views()
+    views = {name: torch.cat([v.x_train, v.x_test]).to(torch.float32) for name, v in
+             (("minilm", minilm), ("tfidf", tfidf))}
+    y = torch.cat([minilm.y_train, minilm.y_test])
+    plan = mixed.client_views(cfg.n_clients, seed, dims={k: v.shape[1] for k, v in views.items()}, **opts)
+    clients = []
+    for (tr, te), (rep, cols, space) in zip(_client_rows(cfg, y, seed), plan):
+        x = views[rep] if cols is None else views[rep][:, cols]
+        clients.append(ClientSplit(x[tr], y[tr], x[te], y[te], n_classes=minilm.n_classes, space=space))
+    meta = {"generator": "fedsim.data.mixed", "seed": seed, **opts,
+            "clients": [{"representation": rep, "dim": c.dim, "space": space}
+                        for (rep, _, space), c in zip(plan, clients)]}
+    return PersonalDataset(name=cfg.dataset, clients=clients, class_names=list(minilm.class_names), meta=meta)
 
 
 def _init_seed(seed: int, cid: int) -> int:
@@ -133,9 +165,22 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
         shared.setdefault(g, {k: v for k, v in personal[cid].items() if algo.shares(k)})
     algo.setup(n_classes=ds.n_classes, embed_dim=embed_dim, seed=seed, device=dev)
     history, timings, start = [], {"rounds": []}, 0
+    # verified like the global path's checkpoints: format, configuration, and the dataset's checksum
+    # (a toy problem or wordnet:mixed regenerated differently, or another dataset file, is refused)
+    fingerprint = _checkpoint.fingerprint(cfg, spec.name, seed)
+    dataset_sum = _checkpoint.dataset_checksum(ds)
     if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True, map_location=dev)
+        state = _checkpoint.load(ckpt, fingerprint=fingerprint, dataset=dataset_sum, template=None,
+                                 rounds=cfg.rounds, device=dev, weights=("personal", "shared"),
+                                 redo=f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1, "
+                                      "or start the whole run again with another --out")
         start, personal, shared = state["round"], state["personal"], state["shared"]
+        if len(personal) != K or any(
+                set(personal[cid]) | set(shared.get(group[cid], {})) != set(models[cid].state_dict())
+                for cid in range(K)):
+            raise _checkpoint.CheckpointError(
+                f"cannot resume from {ckpt}: its per-client weights do not fit this run's {K} client models; "
+                f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1")
         history, timings = state["history"], state["timings"]
         algo.load_state_dict(state["algorithm"])
 
@@ -173,9 +218,9 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
         history.append({"round": r + 1, "accuracy": float(np.mean(client_acc)), "client_accuracy": client_acc,
                         "train_loss": float(np.mean(losses)), "bytes_up": up, "bytes_down": down})
         timings["rounds"].append({"round": r + 1, "train_s": time.perf_counter() - t0, "geometry_s": 0.0})
-        with atomic_write(ckpt) as tmp:
-            torch.save({"round": r + 1, "personal": personal, "shared": shared, "algorithm": algo.state_dict(),
-                        "history": history, "timings": timings}, tmp)
+        _checkpoint.save(ckpt, {"round": r + 1, "personal": personal, "shared": shared,
+                                "algorithm": algo.state_dict(), "history": history, "timings": timings},
+                         fingerprint=fingerprint, dataset=dataset_sum)
         rounds.set_postfix(acc=f"{history[-1]['accuracy']:.3f}")
     rounds.close()
     return _metrics(history), timings

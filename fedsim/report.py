@@ -11,18 +11,48 @@ from ._io import atomic_write
 from .data.partition import class_matrix
 
 
+# scalar metrics summarised over seeds, where every seed of a method has them
+SCALARS = ("final_accuracy", "last5_mean", "bytes_up", "bytes_down", "per_domain_std", "client_accuracy_std",
+           "zero_shot_accuracy", "worst_class_accuracy", "own_class_accuracy", "missing_class_accuracy")
+
+
+def mean_std(values) -> dict:
+    """Mean and the sample standard deviation (ddof = 1, the estimate of a new seed's spread) over
+    seeds; std is None with one seed."""
+    v = np.asarray(values, dtype=np.float64)
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else None}
+
+
 def summarise(per_seed: dict) -> dict:
-    """Mean and std over seeds of the scalar metrics."""
-    keys = ["final_accuracy", "last5_mean", "bytes_up", "bytes_down"]
-    if any("per_domain_std" in v for v in per_seed.values()):
-        keys.append("per_domain_std")
-    if any("client_accuracy_std" in v for v in per_seed.values()):  # personalised: std across clients
-        keys.append("client_accuracy_std")
-    out = {}
-    for k in keys:
-        vals = np.array([v[k] for v in per_seed.values()], dtype=np.float64)
-        out[k] = {"mean": float(vals.mean()), "std": float(vals.std())}
+    """Mean and sample std (ddof = 1) over seeds of the scalar metrics; the per-class accuracy's
+    mean and std per class (a class without test rows: None)."""
+    out = {k: mean_std([v[k] for v in per_seed.values()]) for k in SCALARS
+           if all(v.get(k) is not None for v in per_seed.values())}
+    if all("per_class" in v for v in per_seed.values()):
+        cols = list(zip(*(v["per_class"] for v in per_seed.values())))
+        stats = [mean_std(c) if all(a is not None for a in c) else {"mean": None, "std": None} for c in cols]
+        out["per_class"] = {"mean": [s["mean"] for s in stats], "std": [s["std"] for s in stats]}
     return out
+
+
+def paired_differences(results: dict, key: str = "final_accuracy") -> None:
+    """Each method's ``key`` minus the first method's, seed by seed (the same seed means the same
+    partition, initial model and client sampling, so the pair shares its noise): the per-seed
+    differences, their mean and their [min, max] range, into the method's summary as
+    ``paired_diff``. The first method gets none; a method without a seed of the first gets none."""
+    methods = list(results["methods"].values())
+    if len(methods) < 2:
+        return
+    ref_name = next(iter(results["methods"]))
+    ref = methods[0]["seeds"]
+    for m in methods[1:]:
+        seeds = [s for s in m["seeds"] if s in ref and key in m["seeds"][s] and key in ref[s]]
+        if not seeds:
+            continue
+        d = {s: m["seeds"][s][key] - ref[s][key] for s in seeds}
+        m["summary"]["paired_diff"] = {"vs": ref_name, "metric": key, "per_seed": d,
+                                       "mean": float(np.mean(list(d.values()))),
+                                       "min": float(min(d.values())), "max": float(max(d.values()))}
 
 
 def _timing_summary(tim: dict) -> tuple[float, float]:
@@ -45,6 +75,17 @@ def max_epsilon(m: dict) -> str:
     return "inf" if any(e is None for e in spent) else f"{max(spent):.3g}"
 
 
+def aligned(head: list, rows: list[list]) -> list[str]:
+    """A text table's lines: the header, a rule, the rows; the first column left-aligned, the
+    others right-aligned."""
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+
+    def line(r):
+        return "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+
+    return [line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
+
+
 def format_table(results: dict, timings: dict) -> str:
     multi = len(next(iter(results["methods"].values()))["seeds"]) > 1
     has_dom = any("per_domain_std" in m["summary"] for m in results["methods"].values())
@@ -54,71 +95,186 @@ def format_table(results: dict, timings: dict) -> str:
     def cell(s, scale=100.0, fmt="{:.2f}"):
         return (fmt.format(s["mean"] * scale) + (f" ± {fmt.format(s['std'] * scale)}" if multi else ""))
 
-    head = ["method", "final acc %", "last-5 acc %"] + (["domain acc std %"] if has_dom else []) + \
+    def diff(s):  # paired difference to the first method: mean [min, max] over seeds, percentage points
+        d = s.get("paired_diff")
+        if d is None:
+            return "-"
+        return f"{100 * d['mean']:+.2f}" + (f" [{100 * d['min']:+.2f}, {100 * d['max']:+.2f}]" if multi else "")
+
+    first = next(iter(results["methods"]))
+    has_diff = any("paired_diff" in m["summary"] for m in results["methods"].values())
+    has_cls = any("worst_class_accuracy" in m["summary"] for m in results["methods"].values())
+
+    has_zs = any("zero_shot_accuracy" in m["summary"] for m in results["methods"].values())
+    head = ["method"] + (["zero-shot %"] if has_zs else []) + ["final acc %", "last-5 acc %"] + \
+        (["domain acc std %"] if has_dom else []) + \
         (["client acc std %"] if has_cli else []) + \
+        ([f"vs {first} pp"] if has_diff else []) + \
+        (["worst class %", "own classes %", "missing classes %"] if has_cls else []) + \
         ["train s/rnd", "geom s/rnd", "MB up", "MB down", "max eps"]
     rows = []
     for name, m in results["methods"].items():
         s = m["summary"]
         tr, ge = _timing_summary(timings[name])
-        row = [name, cell(s["final_accuracy"]), cell(s["last5_mean"])]
+        row = [name] + ([cell(s["zero_shot_accuracy"]) if "zero_shot_accuracy" in s else "-"] if has_zs else []) + \
+            [cell(s["final_accuracy"]), cell(s["last5_mean"])]
         if has_dom:
             row.append(cell(s["per_domain_std"]) if "per_domain_std" in s else "-")
         if has_cli:
             row.append(cell(s["client_accuracy_std"]) if "client_accuracy_std" in s else "-")
+        if has_diff:
+            row.append(diff(s))
+        if has_cls:
+            row += [cell(s[k]) if k in s else "-" for k in ("worst_class_accuracy", "own_class_accuracy",
+                                                            "missing_class_accuracy")]
         row += [f"{tr:.3f}", f"{ge:.3f}", f"{s['bytes_up']['mean'] / 1e6:.1f}", f"{s['bytes_down']['mean'] / 1e6:.1f}",
                 max_epsilon(m)]
         rows.append(row)
-    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
-    line = lambda r: "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(head), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+    notes = []
+    if multi:
+        notes.append("a ± b: mean ± sample std (ddof = 1) over seeds")
+    if has_diff:
+        notes.append(f"vs {first}: final acc minus {first}'s, same seed and partition, in percentage points: "
+                     "mean" + (" [min, max] over seeds" if multi else ""))
+    if has_cls:
+        notes.append("own/missing classes: test accuracy on the classes a client holds (>= 1 training row) / "
+                     "lacks, mean over clients; worst class: the lowest per-class test accuracy")
+    return "\n".join(aligned(head, rows) + notes)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _seeds_text(cfg: dict) -> str:
+    n = cfg["seeds"]
+    return f"seed {cfg['seed']}" if n == 1 else f"{n} seeds ({cfg['seed']}-{cfg['seed'] + n - 1})"
+
+
+def _short(name: str) -> str:
+    return name.replace("noun.", "")
 
 
 def plot_accuracy(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for name, m in results["methods"].items():
+    """Test accuracy per round, the mean over seeds with a band of ± one sample std (ddof = 1);
+    with more than four methods the legend goes outside the axes, right of the plot."""
+    plt = _pyplot()
+    cfg = results["config"]
+    methods = results["methods"]
+    many = len(methods) > 4
+    fig, ax = plt.subplots(figsize=(9.5 if many else 6.5, 4.2))
+    cmap = plt.get_cmap("tab20" if len(methods) > 10 else "tab10")
+    multi = False
+    for i, (name, m) in enumerate(methods.items()):
         A = np.array([v["accuracy"] for v in m["seeds"].values()]) * 100
         x = np.arange(1, A.shape[1] + 1)
-        ax.plot(x, A.mean(0), label=name)
+        color = cmap(i % cmap.N)
+        ax.plot(x, A.mean(0), label=name, color=color, lw=1.6, ls="--" if name == "Centralised" else "-")
         if A.shape[0] > 1:
-            ax.fill_between(x, A.mean(0) - A.std(0), A.mean(0) + A.std(0), alpha=0.2)
-    cfg = results["config"]
+            multi = True
+            sd = A.std(0, ddof=1)
+            ax.fill_between(x, A.mean(0) - sd, A.mean(0) + sd, alpha=0.15, color=color, lw=0)
+    band = "; band: ± sample std over seeds" if multi else ""
     ax.set(xlabel="round", ylabel="test accuracy (%)",
-           title=f"{results['dataset'].split(':')[0]}: {cfg['partition']} beta={cfg['beta']}, {cfg['n_clients']} clients")
+           title=f"{results['dataset'].split(':')[0]}: {cfg['partition']} beta={cfg['beta']}, {cfg['n_clients']} clients"
+                 f"\nhead {cfg['model']}, lr {cfg['lr']:g}, {_seeds_text(cfg)}" + ("; mean over seeds" if multi else "")
+                 + band)
+    ax.title.set_fontsize(10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if many:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def plot_partition(parts, labels, n_classes: int, class_names, path: Path) -> None:
-    import matplotlib
+def plot_partition(parts, labels, n_classes: int, class_names, path: Path, *, seed: int | None = None) -> None:
+    """Training rows per client and class on a log colour scale (so a client's 1-5 rows of a class
+    show), the count written in every non-empty cell when the cells are large enough."""
+    from matplotlib.colors import LogNorm
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    M = class_matrix(parts, labels, n_classes)
-    fig, ax = plt.subplots(figsize=(max(6, n_classes * 0.3), max(3, len(parts) * 0.35)))
-    im = ax.imshow(M, aspect="auto", cmap="viridis")
-    ax.set(xlabel="class", ylabel="client", title="samples per client and class")
+    plt = _pyplot()
+    M = np.asarray(class_matrix(parts, labels, n_classes))
+    fig, ax = plt.subplots(figsize=(max(6, n_classes * 0.38 + 2), max(3, len(parts) * 0.35 + 1.6)))
+    masked = np.ma.masked_equal(M, 0)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+    im = ax.imshow(masked, aspect="auto", cmap=cmap, norm=LogNorm(vmin=1, vmax=max(int(M.max()), 2)))
+    ax.set(xlabel="class", ylabel="client",
+           title=f"training rows per client and class (partition of seed {seed}; white = none)"
+           if seed is not None else "training rows per client and class (white = none)")
+    ax.title.set_fontsize(10)
     ax.set_yticks(range(len(parts)))
     if len(class_names) <= 40:
-        ax.set_xticks(range(n_classes), [c.replace("noun.", "") for c in class_names], rotation=90, fontsize=7)
-    fig.colorbar(im, ax=ax)
+        ax.set_xticks(range(n_classes), [_short(c) for c in class_names], rotation=90, fontsize=7)
+    if n_classes <= 40 and len(parts) <= 40:  # counts in the cells while they fit
+        big = M.max() ** 0.5
+        for (i, j), v in np.ndenumerate(M):
+            if v:
+                ax.text(j, i, str(int(v)), ha="center", va="center", fontsize=6,
+                        color="black" if v > big else "white")
+    fig.colorbar(im, ax=ax, label="rows (log scale)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_per_class(results: dict, class_names, path: Path) -> None:
+    """The final model's test accuracy per class (rows: methods, columns: classes; mean over
+    seeds), written in the cells while they fit."""
+    methods = {n: m["summary"]["per_class"]["mean"] for n, m in results["methods"].items()
+               if "per_class" in m["summary"]}
+    if not methods:
+        return
+    plt = _pyplot()
+    A = np.array([[np.nan if a is None else 100 * a for a in v] for v in methods.values()])
+    C = A.shape[1]
+    fig, ax = plt.subplots(figsize=(max(6, C * 0.38 + 3), max(2.5, len(methods) * 0.4 + 1.8)))
+    im = ax.imshow(A, aspect="auto", cmap="RdYlGn", vmin=0, vmax=100)
+    cfg = results["config"]
+    ax.set(xlabel="class", title=f"final test accuracy per class (%), head {cfg['model']}, {_seeds_text(cfg)}"
+                                 + (" (mean)" if cfg["seeds"] > 1 else ""))
+    ax.title.set_fontsize(10)
+    ax.set_yticks(range(len(methods)), list(methods), fontsize=8)
+    if C <= 60:
+        ax.set_xticks(range(C), [_short(c) for c in class_names], rotation=90, fontsize=7)
+    if C <= 40:
+        for (i, j), v in np.ndenumerate(A):
+            if not np.isnan(v):
+                ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6)
+    fig.colorbar(im, ax=ax, label="accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_per_class(results: dict, class_names) -> str:
+    """Per-class final accuracy (%), one row per class, one column per method (mean over seeds)."""
+    methods = {n: m["summary"]["per_class"]["mean"] for n, m in results["methods"].items()
+               if "per_class" in m["summary"]}
+    if not methods:
+        return ""
+    head = ["class"] + list(methods)
+    rows = [[_short(c)] + ["-" if v[j] is None else f"{100 * v[j]:.1f}" for v in methods.values()]
+            for j, c in enumerate(class_names)]
+    return "\n".join(["final test accuracy per class (%)"] + aligned(head, rows))
 
 
 def write_outputs(results: dict, timings: dict, ds, parts, out: Path) -> None:
-    plot_partition(parts, ds.y_train, ds.n_classes, ds.class_names, out / "partition.png")
+    """The run's files; first completes the summaries with the paired differences to the first
+    method (so the returned ``results`` and results.json agree). ``parts``: the first seed's
+    partition (partition.png)."""
+    paired_differences(results)
+    plot_partition(parts, ds.y_train, ds.n_classes, ds.class_names, out / "partition.png",
+                   seed=results["config"]["seed"])
     plot_accuracy(results, out / "accuracy.png")
+    plot_per_class(results, ds.class_names, out / "per_class.png")
     with atomic_write(out / "results.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "seed", "round", "accuracy", "train_loss"])
@@ -127,7 +283,8 @@ def write_outputs(results: dict, timings: dict, ds, parts, out: Path) -> None:
                 for r, (a, l) in enumerate(zip(v["accuracy"], v["train_loss"]), 1):
                     w.writerow([name, seed, r, f"{a:.6f}", f"{l:.6f}"])
     for name, text in (("timings.json", json.dumps(timings, indent=2)),
-                       ("table.txt", format_table(results, timings) + "\n"),
+                       ("table.txt", format_table(results, timings) + "\n\n" + format_per_class(results, ds.class_names)
+                        + "\n"),
                        # results.json last: its presence marks a finished run; never NaN/Infinity in it
                        ("results.json", json.dumps(results, indent=2, allow_nan=False))):
         with atomic_write(out / name) as tmp:

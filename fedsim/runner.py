@@ -19,6 +19,7 @@ import torch
 
 from . import _checkpoint
 from ._io import atomic_write, remove_stale_tmp
+from ._params import apply_params, check_params_table
 from ._progress import progress_bar
 from ._seeds import AUGMENT, TRAIN, generator
 from .algorithms import build_algorithm
@@ -28,7 +29,9 @@ from ._validate_config import ConfigError, apply_resume_changes, check_config, c
 from .client import DivergedError, local_train
 from .data import load_dataset
 from .data.partition import feature_shift, partition
+from .metrics import final_report
 from .models import MODELS, build_model, has_trunk
+from .prompt import check_prompt_dataset
 
 
 @dataclass
@@ -44,6 +47,10 @@ def default_methods() -> list[MethodSpec]:
     # FedAvg+oversample: the matched-compute control of the two augmenters (docs/design.md note 9)
     return [MethodSpec("FedAvg"), MethodSpec("FedAvg+oversample", augmenter="oversample"),
             MethodSpec("FedAvg+GGEUR", augmenter="ggeur"), MethodSpec("FedAvg+FedMC", augmenter="fedmc")]
+
+
+# the name of the ceiling row RunConfig.centralised adds (fedsim run --centralised)
+CENTRALISED = "Centralised"
 
 
 @dataclass
@@ -65,6 +72,9 @@ class RunConfig:
     model: str = "linear"
     model_params: dict = field(default_factory=dict)
     zero_shot: bool = False  # initialise the linear head from the dataset's class_text embeddings
+    # also train the ceiling row CENTRALISED: one client holding every training row (FedAvg, no augmenter,
+    # the same head, rounds x local_epochs epochs over the pooled data)
+    centralised: bool = False
     methods: list[MethodSpec] = field(default_factory=default_methods)
     seed: int = 0
     seeds: int = 1
@@ -76,6 +86,8 @@ class RunConfig:
         def bad(name, why):
             raise ValueError(f"config: {name} {why}")
 
+        if self.centralised and any(slug(m.name) == slug(CENTRALISED) for m in self.methods):
+            bad("methods", f"has a method named like {CENTRALISED!r}, the row centralised adds: rename it")
         # what the value tables cannot see: the plug-ins' own checks and how they combine
         for m in self.methods:
             algo = build_algorithm(m.algorithm, **m.algorithm_params)  # unknown hyper-parameters raise here
@@ -111,18 +123,40 @@ class RunConfig:
         return cls(**d)
 
 
-def load_config(path) -> RunConfig:
-    """A TOML config file (top-level keys = RunConfig fields; [[methods]] tables)."""
+def read_config_toml(path) -> dict:
+    """A TOML config file's tables as a dict (a clear error for a missing or malformed file)."""
     import tomllib
 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}")
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-    return RunConfig.from_dict(data)
+
+
+def config_from_tables(*tables: dict, where: str = "config") -> RunConfig:
+    """A RunConfig from config tables (a preset's, then a config file's): later tables override
+    earlier ones key by key ([[methods]] as a whole, [params.PLUGIN] per key), and each
+    [params.PLUGIN] table is given to every method using that plug-in, under the method's own
+    algorithm_params / augmenter_params (fedsim/presets/__init__.py)."""
+    merged: dict = {}
+    params: dict = {}
+    for t in tables:
+        t = dict(t)
+        for plugin, kv in check_params_table(t.pop("params", {}), where).items():
+            params.setdefault(plugin, {}).update(kv)
+        merged.update(t)
+    cfg = RunConfig.from_dict(merged)
+    apply_params(cfg.methods, params, override=False)
+    return cfg
+
+
+def load_config(path) -> RunConfig:
+    """A TOML config file (top-level keys = RunConfig fields; [[methods]] tables; [params.PLUGIN]
+    tables of hyper-parameters for every method using that algorithm or augmenter)."""
+    return config_from_tables(read_config_toml(path), where=f"config file {path}")
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -141,27 +175,53 @@ def slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name).strip("-").lower()
 
 
+def make_partition(cfg: RunConfig, ds, seed: int) -> list[torch.Tensor]:
+    """The run's partition of ds's training rows for ``seed`` (one index tensor per client)."""
+    return partition(cfg.partition, labels=ds.y_train, domains=ds.d_train, n_clients=cfg.n_clients,
+                     beta=cfg.beta, seed=seed, min_size=cfg.min_size)
+
+
+def client_data(cfg: RunConfig, ds, parts, seed: int) -> tuple[list[ClientData], torch.Tensor]:
+    """Every client's data (on cfg.device) from the partition ``parts`` and the test inputs; with a
+    feature shift each client's own view, the test rows split among them (seeded by ``seed``)."""
+    dev = torch.device(cfg.device)
+    xs, x_test = [ds.x_train[p] for p in parts], ds.x_test
+    if cfg.feature_shift or cfg.feature_noise:
+        xs, x_test, _ = feature_shift(xs, x_test, angle=cfg.feature_shift, noise=cfg.feature_noise, seed=seed)
+    clients = [ClientData(x.to(dev), ds.y_train[p].to(dev),
+                          None if ds.d_train is None else ds.d_train[p].to(dev)) for x, p in zip(xs, parts)]
+    return clients, x_test
+
+
+def initial_model(cfg: RunConfig, ds, seed: int):
+    """The round-0 global model of seed ``seed`` on cfg.device (the global RNG is left as it was)."""
+    dev = torch.device(cfg.device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg.model, ds.dim, ds.n_classes, class_names=ds.class_names,
+                            **cfg.model_params).to(dev)
+    if cfg.zero_shot and cfg.model != "prompt":  # the prompt head starts from its class-name prompts itself
+        model.init_from_text(ds.class_text.to(device=dev, dtype=torch.float32))
+    return model
+
+
 # ------------------------------------------------------------------------------ one method, one seed
 def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: Path,
-               *, progress: bool = True, dataset_sum: str | None = None) -> tuple[dict, dict]:
+               *, progress: bool = True, dataset_sum: str | None = None, engine=None) -> tuple[dict, dict]:
     """Train ``spec`` for cfg.rounds rounds (continuing from run_dir/checkpoint.pt if present, once
-    verified: _checkpoint.load). ``dataset_sum``: ds's checksum if already computed.
+    verified: _checkpoint.load). ``dataset_sum``: ds's checksum if already computed. ``engine``:
+    None runs every client here; else an object whose ``setup(augmenter, spec, seed)`` runs the
+    augmenter's exchange and whose ``train(spec, seed, round, selected, global_params, algo)``
+    returns each selected client's (ClientUpdate, geometry s, train s) in cid order, the clients
+    running elsewhere (fedsim/flower/server_app.py: Flower's SuperNodes).
     Returns (metrics, timings). A non-finite loss or weights raise DivergedError."""
     dev = torch.device(cfg.device)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
-    xs, x_test = [ds.x_train[p] for p in parts], ds.x_test
-    if cfg.feature_shift or cfg.feature_noise:  # each client's own view, the test rows split among them
-        xs, x_test, _ = feature_shift(xs, x_test, angle=cfg.feature_shift, noise=cfg.feature_noise, seed=seed)
-    clients = [ClientData(x.to(dev), ds.y_train[p].to(dev),
-                          None if ds.d_train is None else ds.d_train[p].to(dev)) for x, p in zip(xs, parts)]
+    clients, x_test = client_data(cfg, ds, parts, seed)
     x_test, y_test = x_test.to(dev), ds.y_test.to(dev)
     d_test = None if ds.d_test is None else ds.d_test.to(dev)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = build_model(cfg.model, ds.dim, ds.n_classes, **cfg.model_params).to(dev)
-    if cfg.zero_shot:
-        model.init_from_text(ds.class_text.to(device=dev, dtype=torch.float32))
+    model = initial_model(cfg, ds, seed)
     algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
     algo.seed = seed  # algorithms that draw (FedMP's bank samples) derive from (seed, round, client)
     global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -170,21 +230,29 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     start = 0
     fingerprint = _checkpoint.fingerprint(cfg, spec.name, seed)
     dataset_sum = dataset_sum or _checkpoint.dataset_checksum(ds)
-    privacy = None
+    privacy, aug_state, zero_shot = None, {}, None
     if ckpt.is_file():
         state = _checkpoint.load(ckpt, fingerprint=fingerprint, dataset=dataset_sum, template=global_params,
                                  rounds=cfg.rounds, device=dev,
                                  redo=f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1, "
                                       "or start the whole run again with another --out")
         start, global_params, history, timings = state["round"], state["global"], state["history"], state["timings"]
-        privacy = state.get("privacy")
+        privacy, aug_state = state.get("privacy"), state.get("augmenter", {})
         algo.load_state_dict(state["algorithm"])
+        zero_shot = state.get("zero_shot")
+    if zero_shot is None and (cfg.zero_shot or cfg.model == "prompt"):  # round 0: the untrained model
+        zero_shot = evaluate(model, x_test, y_test)[0]
     if start >= cfg.rounds:
-        return _metrics(history, ds, privacy), timings
+        return {**_metrics(history, ds, privacy, zero_shot),
+                **_final_report(model, global_params, x_test, y_test, clients, ds.n_classes)}, timings
 
     augmenter = build_augmenter(spec.augmenter, **spec.augmenter_params)
     t0 = time.perf_counter()
-    augmenter.setup(clients, n_classes=ds.n_classes, seed=seed)
+    if engine is not None:  # the exchange runs between the engine's clients and this server
+        engine.setup(augmenter, spec, seed)
+    else:
+        augmenter.setup(clients, n_classes=ds.n_classes, seed=seed)
+    augmenter.load_state_dict(aug_state)  # a per-round augmenter's state up to the checkpoint's round
     timings["geometry_setup_s"] = timings.get("geometry_setup_s", 0.0) + (time.perf_counter() - t0)
     privacy = augmenter.privacy(len(clients))
     setup_up, setup_down = augmenter.setup_bytes
@@ -195,28 +263,28 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     for r in rounds:
         rng = np.random.default_rng([seed, r, 17])
         selected = sorted(rng.choice(K, n_sel, replace=False).tolist())
-        updates, up, down, t_train, t_geom = [], 0, 0, 0.0, 0.0
-        for cid in progress_bar(selected, desc="clients", unit="client", enabled=progress, nested=True):
-            t0 = time.perf_counter()
-            # on the run's device: the augmenters draw where the data is (same numbers on CPU)
-            xa, ya = augmenter.augment(cid, clients[cid], generator=generator(seed, r, cid, AUGMENT, device=dev))
-            t_geom += time.perf_counter() - t0
-            c = clients[cid]
-            model.load_state_dict(global_params)
-            ctx = ClientContext(cid=cid, round=r, model=model,
-                                global_params={k: v.detach().clone() for k, v in global_params.items()},
-                                x=torch.cat([c.x, xa.to(c.x.dtype)]), y=torch.cat([c.y, ya]),
-                                n_real=c.x.shape[0], n_classes=ds.n_classes, lr=cfg.lr)
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        augmenter.begin_round(r, selected, clients, n_classes=ds.n_classes, seed=seed)
+        (up, down), t_geom = augmenter.round_bytes, time.perf_counter() - t0
+        updates, t_train = [], 0.0
+        if engine is not None:  # the selected clients train elsewhere (fedsim/flower), in cid order
             try:
-                upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                                  momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                  generator=generator(seed, r, cid, TRAIN))
-            except DivergedError as exc:
-                raise DivergedError(_diverged(cfg, spec, seed, r, f"client {cid}", exc, clients)) from None
-            t_train += time.perf_counter() - t0
+                done = engine.train(spec, seed, r, selected, global_params, algo)
+            except DivergedError as exc:  # args: (what, the client's id)
+                raise DivergedError(_diverged(cfg, spec, seed, r, f"client {exc.args[1]}", exc.args[0],
+                                              clients)) from None
+        else:
+            done = []
+            for cid in progress_bar(selected, desc="clients", unit="client", enabled=progress, nested=True):
+                try:
+                    done.append(client_round(cfg, algo, augmenter, model, global_params, clients[cid],
+                                             seed=seed, round=r, cid=cid, n_classes=ds.n_classes))
+                except DivergedError as exc:
+                    raise DivergedError(_diverged(cfg, spec, seed, r, f"client {cid}", exc, clients)) from None
+        for upd, dt_geom, dt_train in done:
+            t_geom, t_train = t_geom + dt_geom, t_train + dt_train
             updates.append(upd)
-            up += upd.upload_bytes()
+            up += algo.upload_bytes(upd)
             down += algo.download_bytes(global_params)
         global_params = algo.aggregate(global_params, updates, n_clients=K)
         bad = [k for k, v in global_params.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
@@ -231,12 +299,39 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
                         "train_loss": float(np.mean([u.loss for u in updates])),
                         "bytes_up": up, "bytes_down": down})
         timings["rounds"].append({"round": r + 1, "train_s": t_train, "geometry_s": t_geom})
+        privacy = augmenter.privacy(len(clients))  # a per-round exchange spends more each round
         _checkpoint.save(ckpt, {"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
-                                "history": history, "timings": timings, "privacy": privacy},
+                                "history": history, "timings": timings, "privacy": privacy,
+                                "augmenter": augmenter.state_dict(), "zero_shot": zero_shot},
                          fingerprint=fingerprint, dataset=dataset_sum)
         rounds.set_postfix(acc=f"{acc:.3f}")
     rounds.close()
-    return _metrics(history, ds, privacy), timings
+    return {**_metrics(history, ds, privacy, zero_shot),
+            **_final_report(model, global_params, x_test, y_test, clients, ds.n_classes)}, timings
+
+
+def client_round(cfg: RunConfig, algo, augmenter, model, global_params, client: ClientData, *, seed: int,
+                 round: int, cid: int, n_classes: int):
+    """One client's part of one round, the same in every engine (this loop and the Flower ClientApp,
+    fedsim/flower/client_app.py): the augmenter's samples for (seed, round, cid), then local training
+    from ``global_params`` through the algorithm's client hooks (``algo`` holds this client's state).
+    ``model`` is any model of the run's architecture (loaded here). Returns (ClientUpdate, seconds
+    spent augmenting, seconds training); a diverging client raises DivergedError."""
+    c = client
+    t0 = time.perf_counter()
+    # on the run's device: the augmenters draw where the data is (same numbers on CPU)
+    xa, ya = augmenter.augment(cid, c, generator=generator(seed, round, cid, AUGMENT, device=c.x.device))
+    t_geom = time.perf_counter() - t0
+    model.load_state_dict(global_params)
+    ctx = ClientContext(cid=cid, round=round, model=model,
+                        global_params={k: v.detach().clone() for k, v in global_params.items()},
+                        x=xa.to(c.x.dtype) if augmenter.replaces_data else torch.cat([c.x, xa.to(c.x.dtype)]),
+                        y=ya if augmenter.replaces_data else torch.cat([c.y, ya]),
+                        n_real=c.x.shape[0], n_classes=n_classes, lr=cfg.lr)
+    t0 = time.perf_counter()
+    upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
+                      weight_decay=cfg.weight_decay, generator=generator(seed, round, cid, TRAIN))
+    return upd, t_geom, time.perf_counter() - t0
 
 
 def _diverged(cfg: RunConfig, spec: MethodSpec, seed: int, r: int, where: str, what, clients) -> str:
@@ -257,7 +352,14 @@ def _diverged(cfg: RunConfig, spec: MethodSpec, seed: int, r: int, where: str, w
             "run (a resumed run keeps its configuration)")
 
 
-def _metrics(history: list[dict], ds, privacy: dict | None = None) -> dict:
+def _final_report(model, global_params, x_test, y_test, clients, n_classes: int) -> dict:
+    """Per-class and per-client accuracy and the confusion matrix of the final global model
+    (fedsim/metrics.py: a client holds a class with >= 1 training row of it)."""
+    model.load_state_dict(global_params)
+    return final_report(model, x_test, y_test, [c.y for c in clients], n_classes)
+
+
+def _metrics(history: list[dict], ds, privacy: dict | None = None, zero_shot: float | None = None) -> dict:
     accs = [h["accuracy"] for h in history]
     last = history[-1]
     out = {"final_accuracy": accs[-1], "last5_mean": float(np.mean(accs[-5:])), "accuracy": accs,
@@ -269,6 +371,8 @@ def _metrics(history: list[dict], ds, privacy: dict | None = None) -> dict:
         out["per_domain_std"] = float(np.std([a for a in last["per_domain"] if a is not None]))
     if privacy is not None:
         out["privacy"] = privacy
+    if zero_shot is not None:  # test accuracy of the round-0 model (class-name prompts, no training)
+        out["zero_shot_accuracy"] = zero_shot
     return out
 
 
@@ -295,7 +399,7 @@ def _finished(out: Path, cfg: RunConfig) -> bool:
 
 
 def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
-        changes: dict | None = None) -> dict:
+        changes: dict | None = None, engine="local", round_timeout: float | None = None) -> dict:
     """Run every method for every seed; write results.json/.csv, timings.json and plots.
 
     Every value is checked before anything is written, and a fresh run that fails before its first
@@ -303,9 +407,20 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
     continues the run in ``out_dir`` from its config.json (``cfg`` is not used) and its verified
     checkpoints; ``changes`` (RunConfig field -> value, the CLI's flags given with --resume) may
     raise ``rounds`` (a finished run then continues) and repeat the run's values, anything else
-    is refused by name."""
+    is refused by name. ``engine``: "local" (every client in this process), "flower" (Flower's
+    Simulation Engine, fedsim/flower) or a Flower Grid (inside a ServerApp: a real deployment);
+    the same results either way. ``round_timeout``: seconds a Flower step waits for its clients."""
     from . import report
 
+    if not (engine in ("local", "flower") or hasattr(engine, "send_and_receive")):
+        raise ValueError(f"--engine {engine!r} is not known; choose 'local' or 'flower'")
+    if engine != "local":
+        from .flower import require_flower
+
+        require_flower()
+        if resume:
+            raise ValueError(f"--resume {out_dir}: a run on the Flower engine cannot be resumed (its clients' state "
+                             "lived in the SuperNodes of that run); start it again with another --out")
     out = check_out(out_dir, resume=resume)
     if resume:
         cfg_path = out / "config.json"
@@ -328,18 +443,31 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
                              "another --out")
     from .personal import is_personal_run, run_personal  # (personal.py imports this module)
 
+    if engine != "local":
+        from .flower.server_app import check_supported
+
+        check_supported(cfg)  # personalised runs, FedMP, FedMC algorithm1: refused by name
+    if is_personal_run(cfg) and cfg.centralised:
+        raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
+                          "personalised runs (local, fedrep, flic, toy:NAME datasets) have no such row")
     if is_personal_run(cfg):  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)
         return run_personal(cfg, out, resume=resume, progress=progress)
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
     _warn_if_not_unit_norm(ds)
-    if cfg.zero_shot and (cfg.model != "linear" or ds.class_text is None or ds.class_text.shape[1] != ds.dim):
+    if cfg.model == "mlp" and cfg.lr == RunConfig.lr:  # measured: benchmarks/NOTES.md, "mlp learning rate"
+        print(f"fedsim: warning: --model mlp at the default lr {RunConfig.lr:g} (the linear head's) is under-trained: "
+              "pass --lr 0.5 (the measurement: benchmarks/NOTES.md, 'mlp learning rate')",
+              file=sys.stderr)
+    if cfg.zero_shot and cfg.model != "prompt" and (
+            cfg.model != "linear" or ds.class_text is None or ds.class_text.shape[1] != ds.dim):
         raise ValueError("config: zero_shot needs model='linear' and a dataset with class_text embeddings "
-                         "in the embedding space (fedsim embed --text-model clip)")
+                         "in the embedding space (fedsim embed --text-model clip), or model='prompt'")
+    if cfg.model == "prompt":
+        check_prompt_dataset(ds, cfg.model_params)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    partitions = {s: partition(cfg.partition, labels=ds.y_train, domains=ds.d_train, n_clients=cfg.n_clients,
-                               beta=cfg.beta, seed=s, min_size=cfg.min_size) for s in seeds}
+    partitions = {s: make_partition(cfg, ds, s) for s in seeds}
     with torch.random.fork_rng(devices=[]):  # model parameters it cannot build fail before anything is written
-        build_model(cfg.model, ds.dim, ds.n_classes, **cfg.model_params)
+        build_model(cfg.model, ds.dim, ds.n_classes, class_names=ds.class_names, **cfg.model_params)
     dataset_sum = _checkpoint.dataset_checksum(ds)
     created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
     out.mkdir(parents=True, exist_ok=True)
@@ -352,12 +480,20 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
     try:
         results = {"config": cfg.to_dict(), "dataset": ds.summary(), "methods": {}}
         timings = {}
-        for spec in cfg.methods:
+        done = {}
+        if engine != "local":  # the same run_method per (method, seed), its clients on Flower SuperNodes
+            from .flower.server_app import ROUND_TIMEOUT, serve
+
+            done = serve(engine, cfg, seeds, ds, partitions, out, progress=progress, dataset_sum=dataset_sum,
+                         round_timeout=round_timeout or ROUND_TIMEOUT)
+        pooled = [torch.arange(len(ds.y_train))]  # the centralised row's one client
+        for spec in cfg.methods + ([MethodSpec(CENTRALISED)] if cfg.centralised else []):
             per_seed, tim = {}, {}
             for s in seeds:
-                per_seed[str(s)], tim[str(s)] = run_method(cfg, spec, s, ds, partitions[s],
-                                                           out / "runs" / f"{slug(spec.name)}-seed{s}",
-                                                           progress=progress, dataset_sum=dataset_sum)
+                per_seed[str(s)], tim[str(s)] = done.get((spec.name, s)) or run_method(
+                    cfg, spec, s, ds, pooled if spec.name == CENTRALISED else partitions[s],
+                    out / "runs" / f"{slug(spec.name)}-seed{s}",
+                    progress=progress, dataset_sum=dataset_sum)
             results["methods"][spec.name] = {"algorithm": spec.algorithm, "augmenter": spec.augmenter,
                                              "seeds": per_seed, "summary": report.summarise(per_seed)}
             timings[spec.name] = tim

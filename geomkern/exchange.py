@@ -77,13 +77,18 @@ class Exchanged:
 
     def save(self, path) -> None:
         """Write to ``path``: safetensors holding the tensors, the numbers in its JSON metadata."""
-        from safetensors.torch import save_file
+        Path(path).write_bytes(self.to_bytes())
+
+    def to_bytes(self) -> bytes:
+        """The bytes ``save`` writes (for a transport that moves bytes, e.g. a Flower message):
+        ``nbytes()`` of tensor data plus the safetensors header (JSON: names, dtypes, shapes, offsets
+        and the metadata)."""
+        from safetensors.torch import save
 
         scalars = {k: float(getattr(self, k)) for k in self._SCALARS}
         meta = {"format": self._FORMAT, "version": str(FORMAT_VERSION), "kind": self._KIND,
                 "scalars": json.dumps({k: (v if math.isfinite(v) else str(v)) for k, v in scalars.items()})}
-        save_file({k: getattr(self, k).detach().contiguous().cpu() for k in self._TENSORS}, str(path),
-                  metadata=meta)
+        return save({k: getattr(self, k).detach().contiguous().cpu() for k in self._TENSORS}, metadata=meta)
 
     @classmethod
     def load(cls, path, *, device: str | torch.device = "cpu"):
@@ -94,6 +99,14 @@ class Exchanged:
         if kind != cls._KIND:
             raise ValueError(f"{path} holds a {kind}, expected a {cls._KIND}")
         return cls._build(path, d, device)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "bytes", device: str | torch.device = "cpu"):
+        """``load`` for the bytes of ``to_bytes`` (same checks); errors name ``source``."""
+        kind, d = read_bytes(data, cls._FORMAT, source=source)
+        if kind != cls._KIND:
+            raise ValueError(f"{source} holds a {kind}, expected a {cls._KIND}")
+        return cls._build(source, d, device)
 
     @classmethod
     def _build(cls, path, d: dict, device):
@@ -117,6 +130,25 @@ def read(path, fmt: str) -> tuple[str, dict]:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as exc:  # safetensors raises several types for a bad header or truncation
         raise ValueError(f"{path} is not a readable safetensors file ({exc})") from None
+    return _check_header(path, fmt, meta, tensors)
+
+
+def read_bytes(data: bytes, fmt: str, *, source: str = "bytes") -> tuple[str, dict]:
+    """:func:`read` for the bytes of ``to_bytes``; errors name ``source``."""
+    import safetensors.torch
+
+    if not isinstance(data, (bytes, bytearray)):
+        raise TypeError(f"{source} must be bytes, got {type(data).__name__}")
+    try:
+        tensors = safetensors.torch.load(bytes(data))
+        n = int.from_bytes(data[:8], "little")  # the header: u64 length, then JSON
+        meta = json.loads(bytes(data[8:8 + n])).get("__metadata__") or {}
+    except Exception as exc:  # a bad header or truncation
+        raise ValueError(f"{source} is not a readable safetensors blob ({exc})") from None
+    return _check_header(source, fmt, meta, tensors)
+
+
+def _check_header(path, fmt: str, meta: dict, tensors: dict) -> tuple[str, dict]:
     if meta.get("format") != fmt:
         raise ValueError(f"{path} is not a {fmt} file (metadata format={meta.get('format')!r})")
     if meta.get("version") != str(FORMAT_VERSION):

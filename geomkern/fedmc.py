@@ -15,7 +15,9 @@ Pipeline (each step is one call; any FL codebase can move the results over its o
            ``calibrate``          nearest entry, perturbation in kernel-PC coordinates, pre-image.
 
 ``setup`` runs steps 1-4 for all clients in one process with the one set of sizing rules (the
-simulator, the benchmarks and the demo all call it). What is exchanged (``GAB``, ``LocalGeometry``,
+simulator, the benchmarks and the demo all call it); its halves ``setup_basis`` (steps 1-2) and
+``setup_geometry`` (steps 3-4 for any subset of clients) serve a per-round protocol (the paper's
+Algorithm 1: fresh LGDs from each round's clients). What is exchanged (``GAB``, ``LocalGeometry``,
 ``GeometryDictionary``) follows :mod:`geomkern.exchange`: validated on construction,
 to_dict/from_dict, one safetensors format (``save``/``load``). ``generator=None`` follows the
 package rule (:mod:`geomkern._random`): a fresh, secretly seeded generator, never the global RNG.
@@ -26,7 +28,12 @@ Deviations from the paper's formulas (docs/design.md math notes, all deliberate)
   the Gram eigenvalue mu, as printed);
 * ``formulation="consistent"`` treats betas as inner products: a_i = (G + rho I)^-1 beta_i gives
   p_i(z) ~ k(z, B) a_i and targets keep the part of Phi(x) outside the PC subspace;
-  ``formulation="paper"`` uses beta as expansion coefficients (Eq. 10-14 literally);
+  ``formulation="paper"`` is Eq. 10-13 literally: beta as expansion coefficients, the target built
+  from the perturbed coordinates alone (T = sum_i p'_i beta_i G); ``formulation="hybrid"`` is the
+  paper's perturbation added to k(x, B) (the part of Phi(x) outside the d components kept);
+* at epsilon = inf the patches and prototypes are plain K-Means (k-means++, ``geomkern.kmeans``)
+  on unclipped rows unless ``clip_norm`` is given; a finite epsilon needs ``clip_norm`` (the bound
+  the DP release rests on);
 * the LGD centre is a DP release, not a raw mean; spectra and betas are NOT protected (README).
 """
 from __future__ import annotations
@@ -45,7 +52,7 @@ from .ops.kpca import kpca, project_onto_basis
 from .ops.preimage import fixed_point_factor, preimage
 from .ops.rbf import _sqdist, median_gamma, rbf_gram
 
-FORMULATIONS = ("consistent", "paper")
+FORMULATIONS = ("consistent", "hybrid", "paper")
 PREIMAGE_METHODS = ("coordinates", "gd", "fixed_point")
 # Chosen by benchmarks/fidelity.py (README: manifold fidelity): the pre-image method whose samples
 # stayed closest to the manifold at matched displacement.
@@ -66,16 +73,46 @@ class Prototypes(NamedTuple):
     delta: float
 
 
-def client_prototypes(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float,
-                      generator: torch.Generator | None, iters: int = 5) -> Prototypes:
-    """K-Means prototypes of a client's embeddings X (n, D), released through noisy Lloyd steps.
+def _clusters(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float | None,
+              generator: torch.Generator | None, iters: int) -> privacy.DPClusters:
+    """The K-Means of a client's rows behind its prototypes and patches.
 
-    ``epsilon=math.inf`` releases them without noise. The returned epsilon is what the
-    accountant says was spent (<= the requested one).
+    Finite epsilon: ``privacy.dp_lloyd`` (``iters`` noisy Lloyd releases on rows clipped to
+    ``clip_norm``, which is then required: the release's sensitivity rests on it). epsilon = inf:
+    plain K-Means (``geomkern.kmeans``: greedy k-means++, seeded by one int64 drawn from
+    ``generator``), on the rows as they are, or clipped to ``clip_norm`` when one is given; counts
+    are the exact cluster sizes. Clipping un-normalised rows into a ball would bend their geometry
+    for no privacy gain, so it happens only when asked (or needed).
+    """
+    eps = privacy._epsilon(epsilon)  # the same checks as dp_lloyd's
+    if clip_norm is None and math.isfinite(eps):
+        raise ValueError(f"clip_norm is required with a finite epsilon ({eps:g}): the DP release needs a "
+                         "bound on the row norms (1.0 for L2-normalised embeddings); pass clip_norm, or "
+                         "epsilon=math.inf for no DP")
+    if math.isfinite(eps):
+        return privacy.dp_lloyd(X, k, epsilon=eps, delta=delta, clip_norm=clip_norm, iters=iters,
+                                generator=generator)
+    _validate.positive_int("iters", iters)
+    Xc = X if clip_norm is None else privacy.clip_rows(X, clip_norm)
+    gen = _random.resolve(generator, "cpu")
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device))
+    labels, centers = kmeans(Xc, k, seed=seed)
+    counts = torch.bincount(labels, minlength=k).to(X.dtype)
+    return privacy.DPClusters(centers=centers, counts=counts, epsilon=math.inf, delta=privacy._delta(delta),
+                              noise_multiplier=0.0, labels=labels)
+
+
+def client_prototypes(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float | None = None,
+                      generator: torch.Generator | None, iters: int = 5) -> Prototypes:
+    """K-Means prototypes of a client's embeddings X (n, D).
+
+    Finite ``epsilon``: released through ``iters`` noisy Lloyd steps on rows clipped to
+    ``clip_norm`` (required); the returned epsilon is what the accountant says was spent (<= the
+    requested one). ``epsilon=math.inf``: plain K-Means (k-means++, seed drawn from ``generator``),
+    no clipping unless ``clip_norm`` is given.
     """
     X = _validate.tensor("X", X, ndim=2)
-    res = privacy.dp_lloyd(X, k, epsilon=epsilon, delta=delta, clip_norm=clip_norm, iters=iters,
-                           generator=generator)
+    res = _clusters(X, k, epsilon=epsilon, delta=delta, clip_norm=clip_norm, iters=iters, generator=generator)
     return Prototypes(res.centers, res.counts, float(res.epsilon), float(res.delta))
 
 
@@ -126,6 +163,41 @@ class GAB(Exchanged):
 
     def _check(self):
         self.basis = _validate.tensor("GAB.basis", self.basis, ndim=2)
+
+
+@dataclass(eq=False)
+class PrototypeRelease(Exchanged):
+    """A client's released prototypes (step 1) as an exchanged container: DP centres (k, D), noisy
+    counts (k,) of the same float dtype, and the (epsilon, delta) the release spent (epsilon may be
+    inf: released without noise). ``PrototypeRelease(*client_prototypes(...))`` is what goes over
+    the wire; ``prototypes()`` gives back the :class:`Prototypes` that ``build_gab`` takes."""
+
+    centers: torch.Tensor
+    counts: torch.Tensor
+    epsilon: float
+    delta: float
+
+    _FORMAT = _FORMAT
+    _KIND = "prototypes"
+    _TENSORS = ("centers", "counts")
+    _SCALARS = ("epsilon", "delta")
+
+    def _check(self):
+        self.centers = _validate.tensor("PrototypeRelease.centers", self.centers, ndim=2)
+        self.counts = _validate.tensor("PrototypeRelease.counts", self.counts, ndim=1)
+        _validate.same_device_dtype(**{"PrototypeRelease.centers": self.centers,
+                                       "PrototypeRelease.counts": self.counts})
+        if self.counts.shape[0] != self.centers.shape[0]:
+            raise ValueError(f"PrototypeRelease.counts has {self.counts.shape[0]} entries but centers has "
+                             f"{self.centers.shape[0]} rows")
+        for k in ("epsilon", "delta"):
+            v = getattr(self, k)
+            if not isinstance(v, numbers.Real) or math.isnan(v) or v < 0:
+                raise ValueError(f"PrototypeRelease.{k} must be a number >= 0 (inf allowed for epsilon), got {v!r}")
+            setattr(self, k, float(v))
+
+    def prototypes(self) -> Prototypes:
+        return Prototypes(self.centers, self.counts, self.epsilon, self.delta)
 
 
 def _check_entries(obj, rows: str, sizes: str) -> None:
@@ -189,9 +261,11 @@ class LocalGeometry(Exchanged):
 
 def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_components: int | str,
                    gamma: float, epsilon: float = math.inf, delta: float = 1e-5,
-                   clip_norm: float = 1.0, generator: torch.Generator | None,
+                   clip_norm: float | None = None, generator: torch.Generator | None,
                    explained: float = 0.9, max_components: int = MAX_COMPONENTS, iters: int = 5) -> LocalGeometry:
-    """Client: DP K-Means patches, kernel PCA of every patch in one call, betas by projection.
+    """Client: K-Means patches (DP at finite ``epsilon``, which needs ``clip_norm``; plain k-means++
+    without clipping at epsilon = inf, see :func:`client_prototypes`), kernel PCA of every patch in
+    one call, betas by projection.
 
     X (n, D) the client's embeddings; B (S, D) the GAB. ``n_components`` is an int, or "auto":
     the smallest d whose top-d variances explain ``explained`` of every patch's feature-space
@@ -209,8 +283,8 @@ def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_compo
                                    max_components if auto else n_components)
     if auto and not 0 < explained <= 1:
         raise ValueError(f"explained must lie in (0, 1], got {explained}")
-    res = privacy.dp_lloyd(X, n_clusters, epsilon=epsilon, delta=delta, clip_norm=clip_norm,
-                           iters=iters, generator=generator)
+    res = _clusters(X, n_clusters, epsilon=epsilon, delta=delta, clip_norm=clip_norm, iters=iters,
+                    generator=generator)
     # Every one of the m DP centres is uploaded, whatever the (private) patch sizes: a patch with
     # <= d points has no d-component kernel PCA, so it goes up with zero variances and betas,
     # which gives it zero weight in the fusion (Eq. 7 weights n * lambda).
@@ -354,7 +428,8 @@ class PreparedDictionary:
     factor (S, S): float64 Cholesky factor of G + ridge I, G = K(B, B), for the fixed-point solve.
     coefficients (L, d, S): the rows a_i = (G + ridge I)^-1 beta_i of each entry's map A_l.
     captured (L, d): a_i^T beta_i, the share of v_i the GAB span represents (clamped to [0, 1]).
-    paper_directions (L, d, S): betas G, the targets' directions under ``formulation="paper"``.
+    paper_directions (L, d, S): betas G, the targets' directions under ``formulation="paper"`` and
+    ``"hybrid"`` (Phi(v_i) = sum_s beta_is Phi(b_s) has kernel values beta_i G on the basis).
     """
 
     dictionary: GeometryDictionary
@@ -401,6 +476,85 @@ def prepare(dictionary: GeometryDictionary, B: torch.Tensor, *, ridge: float = D
                               paper_directions=dictionary.betas @ rbf_gram(B, gamma=g))
 
 
+def _prepared(dictionary, B, ridge) -> PreparedDictionary:
+    """``dictionary`` as a PreparedDictionary (checked against B and ridge when already one)."""
+    if isinstance(dictionary, PreparedDictionary):
+        prep = dictionary
+        if B is not None and B is not prep.basis and not (B.shape == prep.basis.shape and torch.equal(B, prep.basis)):
+            raise ValueError("B differs from the GAB the dictionary was prepared with; omit B or "
+                             "prepare the dictionary with this one")
+        if ridge is not None and ridge != prep.ridge:
+            raise ValueError(f"ridge={ridge} differs from the prepared dictionary's {prep.ridge}; "
+                             "prepare it again with this ridge")
+        return prep
+    if B is None:
+        raise ValueError("calibrate needs the GAB B with a GeometryDictionary (or pass "
+                         "fedmc.prepare(dictionary, B))")
+    return prepare(dictionary, B, ridge=DEFAULT_RIDGE if ridge is None else ridge)
+
+
+def _check_scale(scale) -> float:
+    if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
+    return float(scale)
+
+
+def _perturb(X, prep: PreparedDictionary, formulation: str, scale: float, generator):
+    """Nearest entry (b,), k(X, B) (b, S) and the coordinate perturbation dp (b, d) of one draw."""
+    D_, B = prep.dictionary, prep.basis
+    gen = _random.resolve(generator, X.device)
+    entry = nearest_entry(X, D_)
+    eps = torch.randn(X.shape[0], D_.variances.shape[1], generator=gen, dtype=X.dtype,
+                      device=gen.device).to(X.device)
+    kx = rbf_gram(X, B, gamma=prep.gamma)
+    if formulation == "consistent":
+        # Only the part of v_i inside span Phi(B) moves p_i(z) ~ k(z, B) a_i; its squared norm is
+        # a_i^T beta_i (<= 1). Perturbing by the full sqrt(lambda) asks for coordinate changes the
+        # GAB cannot express (on MiniLM embeddings almost no such target was reachable), so the
+        # standard deviation is that of the representable part: sqrt(lambda * a_i^T beta_i).
+        dp = scale * eps * (D_.variances * prep.captured)[entry].clamp_min(0).sqrt()
+    else:
+        dp = scale * eps * D_.eigenvalues[entry].clamp_min(0).sqrt()  # Gram eigenvalue, as printed
+    return entry, kx, dp
+
+
+def _kernel_targets(prep: PreparedDictionary, formulation: str, entry, kx, dp):
+    """(T, T0): the kernel-value targets (b, S) for the perturbation dp and for none."""
+    if formulation == "consistent":
+        return kx + (dp.unsqueeze(-1) * prep.dictionary.betas[entry]).sum(1), kx
+    W = prep.paper_directions[entry]  # (b, d, S): beta_i G, the kernel values of v_i on the basis
+    if formulation == "hybrid":
+        return kx + (dp.unsqueeze(-1) * W).sum(1), kx
+    # paper, Eq. 10-13: with v_i = sum_s beta_is Phi(b_s), x's coordinates are
+    # p_i = <Phi(x), v_i> = sum_s beta_is k(x, b_s); p'_i = p_i + dp_i, and the target is the
+    # kernel values of sum_i p'_i v_i: T = sum_i p'_i beta_i G (nothing of Phi(x) outside the d
+    # components survives, so even T0 = sum_i p_i beta_i G differs from k(x, B)).
+    p = torch.bmm(prep.dictionary.betas[entry], kx.unsqueeze(-1)).squeeze(-1)  # (b, d)
+    return ((p + dp).unsqueeze(-1) * W).sum(1), (p.unsqueeze(-1) * W).sum(1)
+
+
+def targets(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *, formulation: str = "consistent",
+            scale: float = 1.0, ridge: float | None = None, generator: torch.Generator | None):
+    """The kernel-value targets (T, T0), each (b, S), that :func:`calibrate` hands its "gd" and
+    "fixed_point" pre-image for the rows of X (b, D), drawing eps from ``generator`` exactly as
+    calibrate does (same generator state -> same draw); T0 is the target with no perturbation.
+
+    consistent: T = k(x, B) + sum_i dp_i beta_i, T0 = k(x, B);
+    hybrid:     T = k(x, B) + sum_i dp_i beta_i G, T0 = k(x, B);
+    paper:      T = sum_i (p_i + dp_i) beta_i G with p_i = beta_i . k(x, B), T0 the same with dp = 0
+                (paper Eq. 10-13 as printed: beta as expansion coefficients of v_i on Phi(B)).
+    dp_i = scale * eps_i * sqrt(lambda_i a_i^T beta_i) (consistent) or scale * eps_i * sqrt(mu_i)
+    (paper, hybrid: the Gram eigenvalue, as printed).
+    """
+    prep = _prepared(dictionary, B, ridge)
+    X = _validate.tensor("X", X, ndim=2)
+    _validate.same_device_dtype(X=X, B=prep.basis)
+    _validate.same_dim("X", X, "B", prep.basis)
+    formulation = _validate.choice("formulation", formulation, FORMULATIONS)
+    entry, kx, dp = _perturb(X, prep, formulation, _check_scale(scale), generator)
+    return _kernel_targets(prep, formulation, entry, kx, dp)
+
+
 def calibrate(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *,
               formulation: str = "consistent", method: str = DEFAULT_METHOD, scale: float = 1.0,
               steps: int | None = None, ridge: float | None = None, anchored: bool = True,
@@ -412,84 +566,63 @@ def calibrate(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *,
     prepared on the fly with ``ridge`` (default DEFAULT_RIDGE). The kernel is the dictionary's.
 
     For x in entry l (nearest prototype): draw eps ~ N(0, I_d), perturb the d kernel-PC
-    coordinates by dp_i = scale * eps_i * sqrt(lambda_li) and find z by pre-image from z0 = x.
+    coordinates by dp_i = scale * eps_i * sqrt(var_i) and find z by pre-image from z0 = x.
 
     formulation="consistent" (default): with A_l = betas_l (G + rho I)^-1 (rows a_i, so
-    p_i(z) ~ k(z, B) a_i), dp_i = scale * eps_i * sqrt(lambda_i a_i^T beta_i): lambda = mu/n is the
-    variance along v_i and a_i^T beta_i the share of v_i the GAB span represents (only that part
-    moves k(z, B) a_i). method="coordinates" solves A_l k(z, B) = A_l k(x, B) + dp; "gd" and
+    p_i(z) ~ k(z, B) a_i), var_i = lambda_i a_i^T beta_i: lambda = mu/n is the variance along v_i
+    and a_i^T beta_i the share of v_i the GAB span represents (only that part moves
+    k(z, B) a_i). method="coordinates" solves A_l k(z, B) = A_l k(x, B) + dp; "gd" and
     "fixed_point" use targets T = k(x, B) + dp betas_l.
-    formulation="paper": lambda = Gram eigenvalue mu, targets T = k(x, B) + dp betas_l G (betas
-    as expansion coefficients, Eq. 10-13), solved by "gd" (Eq. 14) or "fixed_point".
+    formulation="paper" (Eq. 10-13 as printed): var_i = mu_i (the Gram eigenvalue), betas as
+    expansion coefficients, and the target built from the perturbed coordinates alone:
+    T = sum_i (p_i + dp_i) beta_i G with p_i = beta_i . k(x, B) (see :func:`targets`).
+    formulation="hybrid": the paper's perturbation added to x's own kernel values,
+    T = k(x, B) + sum_i dp_i beta_i G. Both are solved by "gd" (Eq. 14) or "fixed_point".
     method defaults to DEFAULT_METHOD, the one that measured best in benchmarks/fidelity.py.
     ``scale`` multiplies the perturbation standard deviation. ``anchored=True`` (default) returns
-    x + z(T) - z(T0) instead of z(T), with T0
-    the unperturbed target solved from the same start: the pre-image's reconstruction error (the
-    fixed-point iteration lands in the span of B: on MiniLM embeddings |z(T0) - x| was 0.79 for
-    unit-norm x, whatever the scale) cancels and only the perturbation moves the sample (measured
-    in benchmarks/fedmc_defaults.py; gd and coordinates already have z(T0) = x). The loss
-    returned is that of the solve for T. ``generator``: eps is drawn on its device (None: a
-    fresh, secretly seeded one on X's device). Returns (b, D) rows on X's device, and the
-    per-sample pre-image loss when ``return_loss``.
+    x + z(T) - z(T0) instead of z(T), with T0 the unperturbed target solved from the same start,
+    wherever z(T0) != x: the fixed-point iteration (it lands in the span of B: on MiniLM
+    embeddings |z(T0) - x| was 0.79 for unit-norm x, whatever the scale), and gd under
+    formulation="paper" (its T0 keeps only x's d components). The pre-image's reconstruction error
+    then cancels and only the perturbation moves the sample (measured in
+    benchmarks/fedmc_defaults.py); gd under the other formulations and coordinates already have
+    z(T0) = x. The paper's Eq. 14 as printed is ``formulation="paper", method="gd",
+    anchored=False``. The loss returned is that of the solve for T. ``generator``: eps is drawn on
+    its device (None: a fresh, secretly seeded one on X's device). Returns (b, D) rows on X's
+    device, and the per-sample pre-image loss when ``return_loss``.
     """
-    if isinstance(dictionary, PreparedDictionary):
-        prep = dictionary
-        if B is not None and B is not prep.basis and not (B.shape == prep.basis.shape and torch.equal(B, prep.basis)):
-            raise ValueError("B differs from the GAB the dictionary was prepared with; omit B or "
-                             "prepare the dictionary with this one")
-        if ridge is not None and ridge != prep.ridge:
-            raise ValueError(f"ridge={ridge} differs from the prepared dictionary's {prep.ridge}; "
-                             "prepare it again with this ridge")
-    else:
-        if B is None:
-            raise ValueError("calibrate needs the GAB B with a GeometryDictionary (or pass "
-                             "fedmc.prepare(dictionary, B))")
-        prep = prepare(dictionary, B, ridge=DEFAULT_RIDGE if ridge is None else ridge)
+    prep = _prepared(dictionary, B, ridge)
     D_, B = prep.dictionary, prep.basis
     X = _validate.tensor("X", X, ndim=2)
     _validate.same_device_dtype(X=X, B=B)
     _validate.same_dim("X", X, "B", B)
     formulation = _validate.choice("formulation", formulation, FORMULATIONS)
     method = _validate.choice("method", method, PREIMAGE_METHODS)
-    if formulation == "paper" and method == "coordinates":
-        raise ValueError("formulation='paper' defines kernel-value targets (Eq. 10-13): use "
+    if formulation != "consistent" and method == "coordinates":
+        raise ValueError(f"formulation={formulation!r} defines kernel-value targets (Eq. 10-13): use "
                          "method='gd' (Eq. 14) or 'fixed_point'")
     g = prep.gamma
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
-        raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
+    scale = _check_scale(scale)
     if steps is None:
         # LM: 10 and 20 steps met the same targets; fixed point: the fidelity benchmark gave the
         # same ratios at 10, 20 and 100 steps; gd (the paper's) converges slowly: 100
         steps = 100 if method == "gd" else 10
-    gen = _random.resolve(generator, X.device)
-    entry = nearest_entry(X, D_)
     x = X
-    eps = torch.randn(x.shape[0], D_.variances.shape[1], generator=gen, dtype=X.dtype,
-                      device=gen.device).to(X.device)
-    kx = rbf_gram(x, B, gamma=g)  # (b, S)
-    if formulation == "consistent":
-        # Only the part of v_i inside span Phi(B) moves p_i(z) ~ k(z, B) a_i; its squared norm is
-        # a_i^T beta_i (<= 1). Perturbing by the full sqrt(lambda) asks for coordinate changes the
-        # GAB cannot express (on MiniLM embeddings almost no such target was reachable), so the
-        # standard deviation is that of the representable part: sqrt(lambda * a_i^T beta_i).
-        dp = scale * eps * (D_.variances * prep.captured)[entry].clamp_min(0).sqrt()
-        if method == "coordinates":
-            A = prep.coefficients[entry]
-            c = torch.bmm(A, kx.unsqueeze(-1)).squeeze(-1) + dp  # P(x) exactly as the solver computes it
-            return preimage(x, B, c, gamma=g, method="coordinates", steps=steps, proj=A,
-                            return_loss=return_loss)  # LM's z(T0) is x: nothing to anchor
-        T = kx + (dp.unsqueeze(-1) * D_.betas[entry]).sum(1)
-    else:
-        dp = scale * eps * D_.eigenvalues[entry].clamp_min(0).sqrt()  # Gram eigenvalue, as printed
-        T = kx + (dp.unsqueeze(-1) * prep.paper_directions[entry]).sum(1)
+    entry, kx, dp = _perturb(x, prep, formulation, scale, generator)
+    if method == "coordinates":
+        A = prep.coefficients[entry]
+        c = torch.bmm(A, kx.unsqueeze(-1)).squeeze(-1) + dp  # P(x) exactly as the solver computes it
+        return preimage(x, B, c, gamma=g, method="coordinates", steps=steps, proj=A,
+                        return_loss=return_loss)  # LM's z(T0) is x: nothing to anchor
+    T, T0 = _kernel_targets(prep, formulation, entry, kx, dp)
     solve = dict(gamma=g, method=method, steps=steps, return_loss=return_loss)
     if method == "fixed_point":
         solve["factor"] = prep.factor
-    # Only the fixed-point iteration moves away from an already-met target: gd's z(T0) is x (zero
-    # gradient), so anchoring it would only double the work.
-    if not (anchored and method == "fixed_point"):
+    # gd's z(T0) is x when T0 = k(x, B) (zero gradient at the start): anchoring it would only
+    # double the work
+    if not (anchored and (method == "fixed_point" or formulation == "paper")):
         return preimage(x, B, T, **solve)
-    return _anchored(x, B, T, kx, **solve)
+    return _anchored(x, B, T, T0, **solve)
 
 
 def _anchored(x, B, T, T0, *, return_loss: bool, **kw):
@@ -520,7 +653,7 @@ class Setup:
 
 def setup(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generator | None],
           n_prototypes: int, n_base: int, n_clusters: int, n_components: int | str, n_entries: int,
-          gamma="median", epsilon: float = math.inf, delta: float = 1e-5, clip_norm: float = 1.0,
+          gamma="median", epsilon: float = math.inf, delta: float = 1e-5, clip_norm: float | None = None,
           explained: float = 0.9, max_components: int = MAX_COMPONENTS, iters: int = 5,
           seed: int = 0, epsilon_total: float | None = None) -> Setup:
     """Steps 1-4 for every client and the server, in one process: the one FedMC set-up recipe.
@@ -529,7 +662,8 @@ def setup(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generat
     with no rows takes no part (it releases nothing: its prototypes and lgds entries are None and
     its epsilon 0);
     generators: one per client, driving its two DP releases in turn (None: secret seeds).
-    Privacy: each of the two releases (prototypes, patch centres) spends ``epsilon`` at ``delta``
+    Privacy: at finite epsilon (``clip_norm`` required) each of the two releases (prototypes, patch
+    centres) spends ``epsilon`` at ``delta``
     (together ``Setup.epsilon`` per client), or, with ``epsilon_total``, the two share that budget
     (``privacy.split_epsilon``) so that a client spends at most ``epsilon_total`` in all.
     Sizing rules (so small clients and small federations still work):
@@ -540,48 +674,121 @@ def setup(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generat
       max_components for "auto"): d kernel PCs need patches of more than d points;
     * the dictionary has min(n_entries, all patches) entries (``fuse`` with ``seed``).
     """
+    protos, B, g = setup_basis(clients, generators=generators, n_prototypes=n_prototypes, n_base=n_base,
+                               gamma=gamma, epsilon=epsilon, delta=delta, clip_norm=clip_norm, iters=iters,
+                               seed=seed, epsilon_total=epsilon_total, calls=2)
+    if epsilon_total is not None:
+        epsilon = privacy.split_epsilon(epsilon_total, delta, calls=2, releases=iters)
+    lgds, dictionary = setup_geometry(clients, B, g, generators=generators, n_clusters=n_clusters,
+                                      n_components=n_components, n_entries=n_entries, epsilon=epsilon,
+                                      delta=delta, clip_norm=clip_norm, explained=explained,
+                                      max_components=max_components, iters=iters, seed=seed)
+    # both releases of a client use the same (epsilon, delta, iters), hence the same multiplier
+    total = spent(epsilon, delta, iters=iters, releases=2)
+    return Setup(basis=B, gamma=g, prototypes=protos, lgds=lgds, dictionary=dictionary,
+                 epsilon=[total if p is not None else 0.0 for p in protos], delta=delta)
+
+
+def _active(clients, generators) -> list[int]:
+    """Indices of the clients with rows (a client with none takes no part); checks the lists."""
     if not isinstance(clients, (list, tuple)) or not clients:
         raise ValueError("clients must be a non-empty list of (n_k, D) tensors")
     if not isinstance(generators, (list, tuple)) or len(generators) != len(clients):
         raise ValueError(f"generators must be a list with one entry per client ({len(clients)}), "
                          f"got {generators!r}")
-    d = max_components if n_components == "auto" else _validate.positive_int("n_components", n_components)
-    if epsilon_total is not None:
-        if epsilon != math.inf:
-            raise ValueError(f"give epsilon (per release, got {epsilon}) or epsilon_total (both releases "
-                             f"together, got {epsilon_total}), not both")
-        epsilon = privacy.split_epsilon(epsilon_total, delta, calls=2, releases=iters)
     active = [k for k, x in enumerate(clients) if not (isinstance(x, torch.Tensor) and x.dim() == 2
                                                         and x.shape[0] == 0)]
     if not active:
         raise ValueError("every client is empty (0 rows); FedMC needs data on at least one client")
+    return active
+
+
+def spent(epsilon: float, delta: float, *, iters: int, releases: int) -> float:
+    """What a client spends (epsilon at ``delta``) over ``releases`` calls of ``iters`` noisy Lloyd
+    releases each at per-call ``epsilon`` (one PLD accountant; inf for epsilon = inf)."""
+    z = privacy.noise_multiplier(epsilon, delta, releases=iters, sensitivity=privacy.SUM_COUNT_SENSITIVITY)
+    return privacy.compose_epsilon([(z, iters)] * releases, delta)
+
+
+def setup_basis(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generator | None],
+                n_prototypes: int, n_base: int, gamma="median", epsilon: float = math.inf,
+                delta: float = 1e-5, clip_norm: float | None = None, iters: int = 5, seed: int = 0,
+                epsilon_total: float | None = None, calls: int = 2):
+    """Steps 1-2 of :func:`setup`: every client's prototypes, the GAB B and the shared gamma.
+    Returns (prototypes (None for an empty client), B, gamma). ``epsilon_total`` is split over
+    ``calls`` calls of ``iters`` releases (the prototypes' and the patches' in :func:`setup`)."""
+    active = _active(clients, generators)
+    if epsilon_total is not None:
+        if epsilon != math.inf:
+            raise ValueError(f"give epsilon (per release, got {epsilon}) or epsilon_total (both releases "
+                             f"together, got {epsilon_total}), not both")
+        epsilon = privacy.split_epsilon(epsilon_total, delta, calls=calls, releases=iters)
     protos: list = [None] * len(clients)
     for k in active:
-        x = clients[k]
-        protos[k] = client_prototypes(x, min(n_prototypes, x.shape[0]), epsilon=epsilon, delta=delta,
-                                      clip_norm=clip_norm, generator=generators[k], iters=iters)
-    released = [protos[k] for k in active]
+        protos[k] = setup_client_prototypes(clients[k], generators[k], n_prototypes=n_prototypes, epsilon=epsilon,
+                                            delta=delta, clip_norm=clip_norm, iters=iters)
+    B, g = setup_server_basis([protos[k] for k in active], n_base=n_base, gamma=gamma, seed=seed)
+    return protos, B, g
+
+
+def setup_client_prototypes(x: torch.Tensor, generator, *, n_prototypes: int, epsilon: float, delta: float,
+                            clip_norm: float | None, iters: int = 5) -> Prototypes:
+    """Step 1 for one client with rows x (n_k, D), as :func:`setup` sizes it: min(n_prototypes, n_k)
+    DP prototypes (what :func:`setup_basis` runs per client, and a client of a real federation runs
+    alone)."""
+    return client_prototypes(x, min(n_prototypes, x.shape[0]), epsilon=epsilon, delta=delta,
+                             clip_norm=clip_norm, generator=generator, iters=iters)
+
+
+def setup_server_basis(released, *, n_base: int, gamma="median", seed: int = 0):
+    """Step 2 on the server, as :func:`setup` sizes it: the GAB of min(n_base, all prototypes)
+    points from the released prototypes (a list of :class:`Prototypes`), and gamma resolved on it.
+    Returns (B, gamma)."""
     B = build_gab(released, min(n_base, sum(p.centers.shape[0] for p in released)), seed=seed)
-    g = resolve_gamma(gamma, B)
+    return B, resolve_gamma(gamma, B)
+
+
+def setup_geometry(clients: Sequence[torch.Tensor], B: torch.Tensor, gamma: float, *,
+                   generators: Sequence[torch.Generator | None], n_clusters: int, n_components: int | str,
+                   n_entries: int, epsilon: float = math.inf, delta: float = 1e-5,
+                   clip_norm: float | None = None, explained: float = 0.9,
+                   max_components: int = MAX_COMPONENTS, iters: int = 5, seed: int = 0):
+    """Steps 3-4 of :func:`setup` for the given clients (a client with no rows, or None, takes no
+    part): their LGDs on the GAB B, and the dictionary fused from them. Returns (lgds, dictionary);
+    ``lgds[k]`` is None for a client that took no part. Sizing as :func:`setup` says."""
+    clients = [c if c is not None else B[:0] for c in clients]
+    active = _active(clients, generators)
     lgds: list = [None] * len(clients)
     for k in active:
-        x = clients[k]
-        lgds[k] = local_geometry(x, B, n_clusters=max(1, min(n_clusters, x.shape[0] // (2 * d))),
-                                 n_components=n_components, gamma=g, epsilon=epsilon, delta=delta,
-                                 clip_norm=clip_norm, generator=generators[k], explained=explained,
-                                 max_components=max_components, iters=iters)
-    uploaded = [lgds[k] for k in active]
-    dictionary = fuse(uploaded, n_entries=min(n_entries, sum(l.centers.shape[0] for l in uploaded)), seed=seed)
-    # both releases of a client use the same (epsilon, delta, iters), hence the same multiplier
-    z = privacy.noise_multiplier(epsilon, delta, releases=iters, sensitivity=privacy.SUM_COUNT_SENSITIVITY)
-    total = privacy.compose_epsilon([(z, iters), (z, iters)], delta)
-    return Setup(basis=B, gamma=g, prototypes=protos, lgds=lgds, dictionary=dictionary,
-                 epsilon=[total if p is not None else 0.0 for p in protos], delta=delta)
+        lgds[k] = setup_client_geometry(clients[k], B, gamma, generators[k], n_clusters=n_clusters,
+                                        n_components=n_components, epsilon=epsilon, delta=delta,
+                                        clip_norm=clip_norm, explained=explained, max_components=max_components,
+                                        iters=iters)
+    return lgds, setup_server_fuse([lgds[k] for k in active], n_entries=n_entries, seed=seed)
+
+
+def setup_client_geometry(x: torch.Tensor, B: torch.Tensor, gamma: float, generator, *, n_clusters: int,
+                          n_components: int | str, epsilon: float = math.inf, delta: float = 1e-5,
+                          clip_norm: float | None = None, explained: float = 0.9,
+                          max_components: int = MAX_COMPONENTS, iters: int = 5) -> "LocalGeometry":
+    """Step 3 for one client with rows x (n_k, D), as :func:`setup` sizes it: its LGD on the GAB B
+    with max(1, min(n_clusters, n_k // (2 d))) patches (what :func:`setup_geometry` runs per client)."""
+    d = max_components if n_components == "auto" else _validate.positive_int("n_components", n_components)
+    return local_geometry(x, B, n_clusters=max(1, min(n_clusters, x.shape[0] // (2 * d))),
+                          n_components=n_components, gamma=gamma, epsilon=epsilon, delta=delta,
+                          clip_norm=clip_norm, generator=generator, explained=explained,
+                          max_components=max_components, iters=iters)
+
+
+def setup_server_fuse(uploaded, *, n_entries: int, seed: int = 0) -> "GeometryDictionary":
+    """Step 4 on the server, as :func:`setup` sizes it: the dictionary of min(n_entries, all
+    patches) entries fused from the uploaded LGDs (a non-empty list of :class:`LocalGeometry`)."""
+    return fuse(uploaded, n_entries=min(n_entries, sum(l.centers.shape[0] for l in uploaded)), seed=seed)
 
 
 # ---------------------------------------------------------------- serialisation (geomkern.exchange)
 
-_KINDS = {c._KIND: c for c in (GAB, LocalGeometry, GeometryDictionary)}
+_KINDS = {c._KIND: c for c in (GAB, PrototypeRelease, LocalGeometry, GeometryDictionary)}
 
 
 def save(obj, path) -> None:
@@ -590,8 +797,8 @@ def save(obj, path) -> None:
     if isinstance(obj, torch.Tensor):
         obj = GAB(obj)
     if not isinstance(obj, tuple(_KINDS.values())):
-        raise TypeError(f"cannot save {type(obj).__name__}; expected a GAB tensor, LocalGeometry "
-                        "or GeometryDictionary")
+        raise TypeError(f"cannot save {type(obj).__name__}; expected a GAB tensor, PrototypeRelease, "
+                        "LocalGeometry or GeometryDictionary")
     obj.save(path)
 
 

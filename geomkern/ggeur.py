@@ -8,6 +8,9 @@ client   X_new, y_new = augment(X, y, geometry, n_per_sample=1, generator=g)
 client   P, labels = prototypes(stats_list, exclude=k)         (multi-domain: other clients'
          X_p, y_p = augment_prototypes(P, labels, geometry, n_per_prototype=30, generator=g)
                                                                 class means, sent by the server)
+         P, labels, _ = group_prototypes(stats_list, domains, exclude={my_domain})
+                                                               (the paper's rule: other *domains'*
+                                                                pooled class means only)
 
 Math (paper Eq. 4 and Sec. 3): the server pools the clients' biased per-class covariances
 exactly, Sigma = (1/N)[sum_k n_k Sigma_k + sum_k n_k (mu_k - mu)(mu_k - mu)^T], and
@@ -275,6 +278,48 @@ def prototypes(stats_list, *, exclude: int | None = None):
     if not P:
         return stats_list[0].means[:0], stats_list[0].counts.new_zeros(0)
     return torch.cat(P), torch.cat(L)
+
+
+def group_prototypes(stats_list, groups, *, exclude=()):
+    """Class prototypes of whole groups (domains) for the multi-domain step, leaving out the
+    groups in ``exclude``: the paper's rule is that a client augments the prototypes of the *other
+    domains*, so a client of domain a receives no prototype of domain a, not even one from
+    another client of domain a.
+
+    stats_list: ClassStatistics, one per contributor (a client, or a client's rows of one domain);
+    groups: one group id (int) per entry of stats_list; exclude: group ids to leave out. The
+    prototype of (group g, class c) is the exact pooled mean of class c over g's entries,
+    sum_k n_k mu_k / sum_k n_k. Returns prototypes (P, D), labels (P,) int64 and their groups
+    (P,) int64, one row per (group, class) with a nonzero pooled count, ordered by group id then
+    class.
+    """
+    _check_stats_list(stats_list)
+    if isinstance(groups, torch.Tensor):
+        groups = groups.tolist()
+    groups = list(groups)
+    if len(groups) != len(stats_list):
+        raise ValueError(f"groups has {len(groups)} entries but stats_list has {len(stats_list)}; "
+                         "give one group id per entry")
+    for i, g in enumerate(groups):
+        if isinstance(g, bool) or not isinstance(g, int):
+            raise TypeError(f"groups[{i}] must be an int group id, got {g!r}")
+    skip = {int(g) for g in exclude}
+    s0 = stats_list[0]
+    P, L, G = [], [], []
+    for g in sorted(set(groups) - skip):
+        members = [s for s, h in zip(stats_list, groups) if h == g]
+        n = torch.stack([s.counts for s in members]).to(s0.means.dtype)  # (k, C)
+        tot = n.sum(0)
+        held = torch.nonzero(tot > 0).squeeze(1)
+        if held.numel() == 0:
+            continue
+        sums = sum(s.means * n[i].unsqueeze(1) for i, s in enumerate(members))  # (C, D)
+        P.append(sums[held] / tot[held].unsqueeze(1))
+        L.append(held.to(s0.counts.device))
+        G.append(torch.full((held.numel(),), g, dtype=torch.int64, device=s0.counts.device))
+    if not P:
+        return s0.means[:0], s0.counts.new_zeros(0), s0.counts.new_zeros(0)
+    return torch.cat(P), torch.cat(L), torch.cat(G)
 
 
 def _check_generator(generator, device: torch.device) -> torch.Generator:

@@ -34,6 +34,8 @@ CLI = [
     (["--epsilon-total", "1", "--augmenters", "ggeur"], "--epsilon-total"),
     (["--dataset", "nope.npz"], "nope.npz"), (["--config", "missing.toml"], "missing.toml"),
     (["--resume", "nowhere"], "--resume"),
+    (["--set", "fedmc.nbase=3"], "nbase"), (["--set", "mixup.x=1"], "mixup"), (["--set", "fedmc.n_base=0"], "n_base"),
+    (["--set", "fedprox.mu=0.1"], "fedprox"), (["--set", "fedmc"], "--set"), (["--preset", "nope"], "nope"),
 ]
 
 _FEDMC = '[[methods]]\nname = "m"\naugmenter = "fedmc"\n[methods.augmenter_params]\n'
@@ -72,6 +74,9 @@ TOML = [
     ('[[methods]]\nname = "m"\nbogus = 1', "methods[0]"),
     ('[[methods]]\nname = "a"\n[[methods]]\nname = "a"', "duplicate"),
     ('[[methods]]\nname = "a b"\n[[methods]]\nname = "a-b"', "run folder"),
+    ("[params.fedmc]\nnbase = 3", "nbase"), ("[params.mixup]\nx = 1", "mixup"), ("params = 3", "params"),
+    ("[params.fedmc]\nn_base = 0", "n_base"), ('[params.ggeur]\nresample = "twice"', "resample"),
+    ("[params.ggeur]\nmulti_domain_target = -1", "multi_domain_target"),
 ]
 
 
@@ -144,3 +149,106 @@ def test_the_installed_command_prints_no_traceback(tmp_path, argv, text, name):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and name in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------------------ presets, --set, help texts
+def _config_of(argv):
+    from fedsim._validate_config import FLAGS
+    from fedsim.cli import build_parser, run_config
+
+    args = build_parser().parse_args(["run"] + argv)
+    given = {a: getattr(args, f[2:].replace("-", "_")) for a, f in FLAGS.items()
+             if getattr(args, f[2:].replace("-", "_")) is not None}
+    return run_config(args, given)
+
+
+def _params_of(cfg, augmenter):
+    return [m.augmenter_params for m in cfg.methods if m.augmenter == augmenter]
+
+
+def test_presets_list_print_and_load(capsys):
+    from fedsim import presets
+    from fedsim.runner import RunConfig
+
+    assert main(["presets"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("fedmc-paper", "ggeur-paper"):
+        assert name in presets.names() and f"{name} " in listing and presets.describe(name) in listing
+        assert main(["presets", name]) == 0
+        assert capsys.readouterr().out == presets.text(name)
+        cfg = _config_of(["--preset", name]).validate()  # every value of a shipped preset is valid
+        assert cfg != RunConfig()
+    rc, err = _run(["presets", "nope"], capsys)
+    assert rc == 2 and "fedmc-paper" in err and "ggeur-paper" in err
+    g = _config_of(["--preset", "ggeur-paper"])
+    assert (g.rounds, g.local_epochs, g.batch_size) == (100, 10, 64)
+    assert _params_of(g, "ggeur")[0] == {"target_per_class": 2000, "multi_domain_target": 500, "n_per_prototype": 500,
+                                         "resample": "once", "noise": "sqrt"}
+    assert _params_of(g, "oversample")[0] == {"target_per_class": 2000}  # the matched control, same budget
+    f = _params_of(_config_of(["--preset", "fedmc-paper"]), "fedmc")[0]
+    assert {k: f[k] for k in ("n_base", "n_clusters", "gamma", "formulation", "method")} == \
+        {"n_base": 512, "n_clusters": 3, "gamma": "1/D", "formulation": "paper", "method": "gd"}
+
+
+def test_flags_override_config_file_over_preset(tmp_path):
+    """Precedence: RunConfig defaults < --preset < --config < flags (--rounds, --set)."""
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text("rounds = 7\nlr = 0.2\n[params.ggeur]\nn_per_prototype = 9\n")
+    c = _config_of(["--preset", "ggeur-paper", "--config", str(cfg_file)])
+    assert (c.rounds, c.lr, c.batch_size) == (7, 0.2, 64)  # file over preset; preset over defaults
+    assert _params_of(c, "ggeur")[0]["n_per_prototype"] == 9 and _params_of(c, "ggeur")[0]["target_per_class"] == 2000
+    c = _config_of(["--preset", "ggeur-paper", "--config", str(cfg_file), "--rounds", "3", "--batch-size", "8",
+                    "--set", "ggeur.target_per_class=300", "--set", "ggeur.n_per_prototype=1"])
+    assert (c.rounds, c.batch_size) == (3, 8)
+    assert _params_of(c, "ggeur")[0]["target_per_class"] == 300 and _params_of(c, "ggeur")[0]["n_per_prototype"] == 1
+    # --algorithms/--augmenters rebuild the methods; the preset's plug-in tables still reach them
+    c = _config_of(["--preset", "fedmc-paper", "--algorithms", "fedavg,fedprox", "--augmenters", "none,fedmc"])
+    assert [p["n_base"] for p in _params_of(c, "fedmc")] == [512, 512]
+
+
+def test_set_applies_to_every_method_using_the_plugin():
+    c = _config_of(["--algorithms", "fedavg,fedprox", "--augmenters", "none,fedmc", "--set", "fedmc.n_base=64",
+                    "--set", "fedprox.mu=0.5", "--set", "fedmc.gamma=1/D", "--set", "fedmc.epsilon=inf",
+                    "--set", 'fedmc.method="gd"'])
+    for m in c.methods:
+        assert m.algorithm_params == ({"mu": 0.5} if m.algorithm == "fedprox" else {})
+        want = {"n_base": 64, "gamma": "1/D", "epsilon": float("inf"), "method": "gd"}
+        assert m.augmenter_params == (want if m.augmenter == "fedmc" else {})
+    c.validate()
+    with pytest.raises(ValueError, match="nbase.*it takes .*n_base"):  # names the key, lists the known ones
+        _config_of(["--set", "fedmc.nbase=3"])
+    with pytest.raises(ValueError, match="neither an algorithm nor an augmenter.*fedprox.*ggeur"):
+        _config_of(["--set", "mixup.alpha=1"])
+
+
+def test_preset_and_set_are_refused_with_resume(tmp_path, capsys):
+    for extra, name in ((["--preset", "ggeur-paper"], "--preset"), (["--set", "fedmc.n_base=8"], "--set")):
+        rc, err = _run(["run", "--quiet", "--resume", str(tmp_path)] + extra, capsys)
+        assert rc == 2 and name in err and "--resume" in err
+
+
+def test_help_defaults_agree_with_runconfig():
+    """Every `(default X)` in `fedsim run --help` equals RunConfig's field, and every config flag
+    states its default; --algorithms names the methods a bare run runs."""
+    import re
+
+    from fedsim._validate_config import FLAGS
+    from fedsim.cli import build_parser
+    from fedsim.runner import RunConfig, default_methods
+
+    run_parser = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]
+    helps = {opt: a.help for a in run_parser._actions for opt in a.option_strings}
+    cfg = RunConfig()
+    for attr, flag in FLAGS.items():
+        value = getattr(cfg, attr)
+        m = re.search(r"\(default ([^,;:)]+)", helps[flag])
+        if isinstance(value, bool):
+            continue  # an on/off flag (--zero-shot): off unless given
+        assert m, f"{flag}: its help does not state its default ({value!r})"
+        stated = m.group(1).strip()
+        if isinstance(value, (int, float)):
+            assert float(stated) == value, f"{flag}: help says default {stated}, RunConfig.{attr} = {value}"
+        else:
+            assert stated == value, f"{flag}: help says default {stated}, RunConfig.{attr} = {value!r}"
+    for spec in default_methods():
+        assert spec.name in helps["--algorithms"], f"--algorithms help does not name {spec.name}"

@@ -283,3 +283,125 @@ def test_feature_shift_views():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(z, xs)) and torch.allclose(tz, xt, atol=1e-6)
     other, _, _ = feature_shift(xs, xt, angle=1.0, noise=0.0, seed=4)
     assert not torch.allclose(other[0], v[0])
+
+
+# ------------------------------------------------------------------------------ few-shot schedule
+def test_few_shot_schedule_exchanges_once_per_stage(tmp_path, blobs):
+    """stage_rounds=2, 4 rounds: stage 1 (local), exchange, stage 2 (with bank and prototypes),
+    exchange. Between exchanges nothing is sent, the server's model does not move and each client
+    continues from its own weights."""
+    hidden, C, n_train = 16, 5, 600
+    methods = [MethodSpec("a"), MethodSpec("p", algorithm="fedmp", algorithm_params={"bank_size": 50, "stage_rounds": 2})]
+    runner.run(_cfg(blobs, methods, rounds=4), tmp_path / "o", progress=False)
+    hist = {m: torch.load(tmp_path / "o" / "runs" / f"{m}-seed0" / "checkpoint.pt", weights_only=True)["history"]
+            for m in ("a", "p")}
+    a, p = hist["a"], hist["p"]
+    model = a[0]["bytes_down"] // 4  # the model, per client (4 clients, all selected)
+    feats = n_train * (hidden * 4 + 8) + 4 * (C * hidden * 4 + C * 8)
+    assert [h["bytes_up"] for h in p] == [0, a[1]["bytes_up"] + feats, 0, a[3]["bytes_up"] + feats]
+    assert [h["bytes_down"] for h in p] == [4 * model, 0, 4 * (model + 50 * (hidden * 4 + 8) + C * hidden * 4), 0]
+    acc = [h["accuracy"] for h in p]
+    assert acc[2] == acc[1] and acc[1] != acc[0]  # mid-stage rounds report the last exchanged model
+
+
+def test_few_shot_stage_1_is_local_training(blobs):
+    """Inside stage 1 a client has no bank and no prototypes (plain CE) and keeps its weights:
+    its second round starts where its first ended."""
+    from fedsim.data import load_dataset
+
+    ds = load_dataset(str(blobs))
+    algo = build_algorithm("fedmp", bank_size=20, stage_rounds=3)
+    algo.seed = 0
+    m = MLPHead(12, 5, hidden=8)
+    start = params_of(m)
+    x, y = ds.x_train[:64], ds.y_train[:64]
+    ends = []
+    for r in range(2):
+        m.load_state_dict(start)  # what the runner does: the server's (unchanged) model
+        ctx = ClientContext(cid=1, round=r, model=m, global_params=start, x=x, y=y, n_real=64, n_classes=5, lr=0.1)
+        if r == 1:
+            algo.begin_client(ctx)
+            assert all(torch.equal(v, ends[0][k]) for k, v in params_of(m).items())  # continued, not restarted
+            assert "recv" not in ctx.scratch and algo.protos is None
+        upd = local_train(algo, ctx, epochs=1, batch_size=32, generator=torch.Generator().manual_seed(r))
+        assert upd.extras == {} and algo.upload_bytes(upd) == 0 and algo.download_bytes(start) == (
+            sum(v.numel() * v.element_size() for v in start.values()) if r == 0 else 0)
+        ends.append(upd.params)
+        assert algo.aggregate(start, [upd], n_clients=1) is start
+
+
+def test_resume_mid_stage_equals_uninterrupted(tmp_path, blobs, monkeypatch):
+    cfg = _cfg(blobs, [MethodSpec("m", algorithm="fedmp", algorithm_params={"bank_size": 40, "stage_rounds": 2})],
+               rounds=4)
+    runner.run(cfg, tmp_path / "full", progress=False)
+    with interrupted_after(monkeypatch, runner, 3), pytest.raises(KeyboardInterrupt):
+        runner.run(cfg, tmp_path / "cut", progress=False)  # stopped inside stage 2
+    state = torch.load(tmp_path / "cut" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)
+    assert state["round"] == 3 and any(k.startswith("stage/") for k in state["algorithm"])
+    runner.run(RunConfig(), tmp_path / "cut", resume=True, progress=False)
+    assert (json.loads((tmp_path / "cut" / "results.json").read_text())
+            == json.loads((tmp_path / "full" / "results.json").read_text()))
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, True])
+def test_bad_stage_rounds_named(bad):
+    with pytest.raises(ValueError, match="stage_rounds"):
+        build_algorithm("fedmp", stage_rounds=bad)
+
+
+# ------------------------------------------------------------------------------ composition, trunk size
+@pytest.mark.parametrize("augmenter", ["ggeur"])
+def test_fedmp_composes_with_augmenters_real_rows_only_in_the_bank(tmp_path, blobs, augmenter):
+    cfg = _cfg(blobs, [MethodSpec("m", algorithm="fedmp", augmenter=augmenter, algorithm_params={"bank_size": 40})],
+               rounds=2)
+    res = runner.run(cfg, tmp_path / "o", progress=False)
+    state = torch.load(tmp_path / "o" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)["algorithm"]
+    parts = runner.partition(cfg.partition, labels=runner.load_dataset(cfg.dataset).y_train, domains=None,
+                             n_clients=4, beta=cfg.beta, seed=0, min_size=cfg.min_size)
+    for cid, p in enumerate(parts):  # the bank holds each client's real rows, never the augmented ones
+        assert state[f"bank/{cid}/x"].shape == (len(p), 16) and state[f"local/{cid}/proto"].shape == (5, 16)
+    assert all(0 <= a <= 1 for a in res["methods"]["m"]["seeds"]["0"]["accuracy"])
+
+
+def test_trunk_width_and_depth(tmp_path, blobs):
+    from fedsim.models import parse_model
+
+    assert parse_model("mlp:512x2") == ("mlp", {"hidden": 512, "depth": 2})
+    assert parse_model("mlp:64") == ("mlp", {"hidden": 64}) and parse_model("linear") == ("linear", {})
+    for bad in ("mlp:0x2", "mlp:8y2", "linear:8", "mlp:8x", "mlp:8x0"):
+        with pytest.raises(ValueError, match="--model"):
+            parse_model(bad)
+    torch.manual_seed(0)
+    one = MLPHead(12, 5, hidden=8)
+    torch.manual_seed(0)
+    assert list(one.state_dict()) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    deep = MLPHead(12, 5, hidden=8, depth=3)
+    assert torch.equal(deep.fc1.weight, one.fc1.weight) and len(deep.deep) == 2
+    x = torch.randn(4, 12)
+    h = torch.relu(deep.deep[1](torch.relu(deep.deep[0](torch.relu(deep.fc1(x))))))
+    torch.testing.assert_close(deep.trunk(x), h)
+    # FedMP's bank stores the deep trunk's outputs
+    cfg = _cfg(blobs, [MethodSpec("m", algorithm="fedmp", algorithm_params={"bank_size": 40})], rounds=1,
+               model_params={"hidden": 8, "depth": 2})
+    runner.run(cfg, tmp_path / "o", progress=False)
+    state = torch.load(tmp_path / "o" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)
+    assert state["algorithm"]["bank/0/x"].shape[1] == 8 and "deep.0.weight" in state["global"]
+    with pytest.raises(ValueError, match="depth"):
+        runner.run(_cfg(blobs, [MethodSpec("m", algorithm="fedmp")], model_params={"hidden": 8, "depth": 0}),
+                   tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_cli_model_sizes_and_fedmp_set(tmp_path, blobs):
+    from fedsim.cli import main
+
+    out = tmp_path / "c"
+    assert main(["run", "--dataset", str(blobs), "--model", "mlp:8x2", "--algorithms", "fedmp", "--augmenters", "none",
+                 "--set", "fedmp.stage_rounds=2", "--set", "fedmp.local_momentum=0.9", "--rounds", "2", "--clients",
+                 "3", "--quiet", "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model"] == "mlp" and cfg["model_params"] == {"hidden": 8, "depth": 2}
+    assert cfg["methods"][0]["algorithm_params"] == {"stage_rounds": 2, "local_momentum": 0.9}
+    assert main(["run", "--dataset", str(blobs), "--model", "mlp:8y2", "--out", str(tmp_path / "x")]) == 2
+    assert main(["run", "--dataset", str(blobs), "--algorithms", "fedmp", "--model", "mlp",
+                 "--set", "fedmp.stage_rounds=0", "--out", str(tmp_path / "y")]) == 2

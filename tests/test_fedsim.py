@@ -65,7 +65,8 @@ def test_domain_and_label_domain_partitions():
     for p in parts:
         assert len(torch.unique(d[p])) == 1
     assert sorted(torch.cat(parts).tolist()) == list(range(3000))
-    parts = P.label_domain_skew(y, d, beta=0.3, seed=0)
+    # the clients of a domain split it by Dirichlet label skew (issue 14 item 5; what label_domain did before)
+    parts = P.domain_skew(d, seed=0, labels=y, beta=0.3, min_size=5)
     assert len(parts) == 6 and sorted(torch.cat(parts).tolist()) == list(range(3000))
     for p in parts:
         assert len(torch.unique(d[p])) == 1
@@ -142,7 +143,7 @@ def test_multi_seed_summary(tmp_path, blobs):
     assert set(m["seeds"]) == {"0", "1"}
     accs = [m["seeds"][s]["final_accuracy"] for s in ("0", "1")]
     assert m["summary"]["final_accuracy"]["mean"] == pytest.approx(np.mean(accs))
-    assert m["summary"]["final_accuracy"]["std"] == pytest.approx(np.std(accs))
+    assert m["summary"]["final_accuracy"]["std"] == pytest.approx(np.std(accs, ddof=1))  # the sample std
 
 
 @pytest.mark.parametrize("change,match", [
@@ -320,3 +321,139 @@ def test_oversample_control_matches_the_augmenters_budget():
     match = (xa[:, None, :] == x[None, :, :]).all(-1)
     assert bool(match.any(1).all()) and bool((y[match.float().argmax(1)] == ya).all())
     assert aug.setup_bytes == (0, 0)
+
+
+# ------------------------------------------------------------------------------ issue 14 items 4-5: GGEUR, partitions
+def test_label_domain_is_office_home_lds():
+    """GGEUR's Office-Home-LDS: one client per domain, per class a Dirichlet over the domains decides
+    what each domain keeps; K = 4 has label skew, no sample is used twice, same seed same split."""
+    rng = np.random.default_rng(0)
+    d = torch.from_numpy(rng.integers(0, 4, 6000))
+    y = torch.from_numpy(rng.integers(0, 12, 6000))
+    parts = P.partition("label_domain", labels=y, domains=d, n_clients=None, beta=0.1, seed=3)
+    assert len(parts) == 4  # one client per domain
+    allidx = torch.cat(parts)
+    assert len(set(allidx.tolist())) == len(allidx) < 6000  # at most once; the shares not kept are unused
+    assert [sorted(set(d[p].tolist())) for p in parts] == [[0], [1], [2], [3]]
+    M = P.class_matrix(parts, y, 12).astype(float)
+    H = M / M.sum(1, keepdims=True)
+    # label skew: the domains' class histograms differ (an IID domain split would give ~1/12 everywhere)
+    assert np.abs(H[:, None] - H[None]).sum(-1).max() > 1.0 and H.max() > 0.3
+    # per class the kept shares follow one Dirichlet draw: a domain keeps floor(p_k n_kc) of its own n_kc
+    n_kc = np.stack([np.bincount(y[d == k].numpy(), minlength=12) for k in range(4)])
+    assert (M <= n_kc).all()
+    again = P.partition("label_domain", labels=y, domains=d, n_clients=None, beta=0.1, seed=3)
+    assert [p.tolist() for p in parts] == [p.tolist() for p in again]
+    other = P.partition("label_domain", labels=y, domains=d, n_clients=None, beta=0.1, seed=4)
+    assert [p.tolist() for p in parts] != [p.tolist() for p in other]
+    # more clients than domains: a domain's kept rows are split among its clients, still once each
+    parts8 = P.partition("label_domain", labels=y, domains=d, n_clients=8, beta=0.5, seed=0)
+    assert len(parts8) == 8 and len(set(torch.cat(parts8).tolist())) == sum(len(p) for p in parts8)
+    with pytest.raises(ValueError, match="at least one client per domain.*--clients"):
+        P.partition("label_domain", labels=y, domains=d, n_clients=3, beta=0.1, seed=0)
+    with pytest.raises(ValueError, match="min_size"):
+        P.label_domain_skew(y, d, beta=0.1, seed=0, min_size=1500)
+
+
+def test_domain_partition_honours_beta():
+    rng = np.random.default_rng(1)
+    d = torch.from_numpy(rng.integers(0, 2, 4000))
+    y = torch.from_numpy(rng.integers(0, 10, 4000))
+    held = []
+    for beta in (100.0, 0.05):
+        parts = P.partition("domain", labels=y, domains=d, n_clients=8, beta=beta, seed=0)
+        assert sorted(torch.cat(parts).tolist()) == list(range(4000))  # every sample exactly once
+        assert all(len(torch.unique(d[p])) == 1 for p in parts)
+        M = P.class_matrix(parts, y, 10)
+        held.append((M >= 0.05 * M.sum(1, keepdims=True)).sum(1).mean())  # classes a client really holds
+    assert held[0] > 9 > 6 > held[1]  # nearly IID at beta 100, skewed at beta 0.05
+
+
+def _ggeur_clients(domains, n=40, C=4, D=6, seed=0):
+    from fedsim.augmenters import ClientData
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k, dom in enumerate(domains):
+        x = torch.randn(n, D, generator=g, dtype=torch.float64) + 3 * (dom if dom is not None else 0)
+        y = torch.randint(0, C, (n,), generator=g)
+        y[y == k % C] = (k + 1) % C  # every client lacks one class
+        out.append(ClientData(x, y, None if dom is None else torch.full((n,), dom)))
+    return out
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_ggeur_budget_rule_per_class_counts(multi):
+    """Single domain: each held class filled to target_per_class (the paper: 2,000); multi-domain:
+    step 1 fills to multi_domain_target (500) and step 2 adds n_per_prototype (M = 500) per prototype
+    of every other domain holding the class."""
+    from fedsim._seeds import AUGMENT, generator
+    from fedsim.augmenters import GGEURAugmenter
+
+    C = 4
+    doms = [0, 0, 1, 2] if multi else [None] * 4
+    clients = _ggeur_clients(doms, C=C)
+    aug = GGEURAugmenter(target_per_class=60, multi_domain_target=25, n_per_prototype=7)
+    aug.setup(clients, n_classes=C, seed=0)
+    assert aug.use_protos == multi
+    for k, c in enumerate(clients):
+        _, ya = aug.augment(k, c, generator=generator(0, 1, k, AUGMENT))
+        n = torch.bincount(c.y, minlength=C)
+        new = torch.bincount(ya, minlength=C)
+        fill = torch.where(n > 0, (torch.tensor(25 if multi else 60) - n).clamp_min(0), 0)
+        if multi:  # other domains holding class c: each adds one pooled prototype of 7 samples
+            others = {dd for j, cj in enumerate(clients) if doms[j] != doms[k] for dd in [doms[j]]}
+            per = torch.tensor([sum(any(bool((cj.y == cc).any()) for j, cj in enumerate(clients) if doms[j] == o)
+                                    for o in others) for cc in range(C)])
+            assert new.tolist() == (fill + 7 * per).tolist()
+        else:
+            assert new.tolist() == fill.tolist()
+            assert (n + new)[n > 0].eq(torch.maximum(n, torch.tensor(60))[n > 0]).all()
+
+
+def test_ggeur_prototypes_come_from_other_domains_only():
+    """Client 0 and 1 share domain 0: neither receives a domain-0 prototype (today's rule before
+    issue 14 sent other *clients'* means, client 1's included); domain prototypes are pooled means."""
+    from fedsim.augmenters import GGEURAugmenter
+
+    C = 4
+    clients = _ggeur_clients([0, 0, 1, 2], C=C)
+    aug = GGEURAugmenter()
+    aug.setup(clients, n_classes=C, seed=0)
+    for k, dom in enumerate([0, 0, 1, 2]):
+        P_, L_ = aug.others[k]
+        want = []
+        for o in sorted({0, 1, 2} - {dom}):
+            x = torch.cat([c.x for c, dd in zip(clients, [0, 0, 1, 2]) if dd == o])
+            y = torch.cat([c.y for c, dd in zip(clients, [0, 0, 1, 2]) if dd == o])
+            want += [(cc, x[y == cc].mean(0)) for cc in range(C) if bool((y == cc).any())]
+        assert L_.tolist() == [cc for cc, _ in want]
+        torch.testing.assert_close(P_, torch.stack([m for _, m in want]), rtol=1e-12, atol=1e-12)
+
+
+def test_ggeur_once_gives_the_same_samples_every_round():
+    from fedsim._seeds import AUGMENT, generator
+    from fedsim.augmenters import GGEURAugmenter
+
+    clients = _ggeur_clients([0, 1, 1, 2])
+    once, fresh = GGEURAugmenter(resample="once"), GGEURAugmenter(resample="round")
+    for a in (once, fresh):
+        a.setup(clients, n_classes=4, seed=5)
+    draws = [once.augment(1, clients[1], generator=generator(5, r, 1, AUGMENT)) for r in (0, 3, 7)]
+    assert all(torch.equal(x, draws[0][0]) and torch.equal(y, draws[0][1]) for x, y in draws)
+    x0, _ = fresh.augment(1, clients[1], generator=generator(5, 0, 1, AUGMENT))
+    x3, _ = fresh.augment(1, clients[1], generator=generator(5, 3, 1, AUGMENT))
+    assert torch.equal(x0, draws[0][0]) and not torch.equal(x3, x0)  # "once" is round 0's draw, kept
+    again = GGEURAugmenter(resample="once")  # a resumed run sets the augmenter up afresh
+    again.setup(clients, n_classes=4, seed=5)
+    assert torch.equal(again.augment(1, clients[1], generator=generator(5, 9, 1, AUGMENT))[0], draws[0][0])
+
+
+def test_ggeur_once_resumes_exactly(tmp_path, blobs, monkeypatch):
+    cfg = _cfg(blobs, rounds=2, methods=[MethodSpec("m", augmenter="ggeur",
+                                                    augmenter_params={"resample": "once"})])
+    runner.run(cfg, tmp_path / "full", progress=False)
+    with interrupted_after(monkeypatch, runner, 1), pytest.raises(KeyboardInterrupt):
+        runner.run(cfg, tmp_path / "cut", progress=False)
+    runner.run(RunConfig(), tmp_path / "cut", resume=True, progress=False)
+    assert _results(tmp_path / "cut") == _results(tmp_path / "full")

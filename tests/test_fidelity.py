@@ -33,3 +33,28 @@ def test_fedmc_default_beats_ggeur_at_matched_displacement(manifold):
             assert abs(r["mean_displacement"] / r["target_displacement"] - 1) < 0.03, r
     print(fidelity.format_rows(rows))
     assert ratio["fedmc default"] <= 0.7 * ratio["ggeur"], ratio
+
+
+def test_plot_writes_one_png_per_manifold(tmp_path, monkeypatch):
+    """``--plot DIR`` reaches run(); run(plot_dir=...) at the tiny size writes one valid PNG per
+    manifold (one FedMC variant here, to stay fast)."""
+    import matplotlib.image as mpimg
+
+    seen = {}
+    monkeypatch.setattr(fidelity, "run", lambda *a, **k: seen.update(k) or [])
+    monkeypatch.setattr(fidelity, "format_rows", lambda rows: "")
+    assert fidelity.main(["--size", "tiny", "--plot", str(tmp_path / "x")]) == 0
+    assert seen["plot_dir"] == str(tmp_path / "x")
+    monkeypatch.undo()
+    keep = ("fedmc default (fixed_point, anchored)",)
+    rows = fidelity.run("tiny", variants=tuple(v for v in fidelity.FEDMC_VARIANTS if v[0] in keep),
+                        plot_dir=tmp_path / "fig", progress=False)
+    files = sorted(p.name for p in (tmp_path / "fig").iterdir())
+    assert files == ["fidelity-scurve.png", "fidelity-swissroll.png"]
+    for name in files:
+        raw = (tmp_path / "fig" / name).read_bytes()
+        assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(tmp_path / "fig" / name)
+        assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 600
+        assert float(img[..., :3].std()) > 0.05  # something was drawn
+    assert {r["method"] for r in rows} == {"ggeur", "local pca", *keep}

@@ -212,3 +212,83 @@ def test_bad_hyper_parameters_named():
             build_algorithm(name, **kw)
     with pytest.raises(ValueError, match="model='personal'"):
         run(_cfg(model="mlp", model_params={}), "/nonexistent/never-written", progress=False)
+
+
+# ------------------------------------------------------------------------------ personalised checkpoints
+def test_personal_resume_refuses_other_data_or_config(tmp_path):
+    """A personalised checkpoint carries the configuration's fingerprint and the dataset's checksum,
+    like the global path's: another toy draw, another option or a damaged file is refused by name."""
+    from fedsim._checkpoint import CheckpointError, dataset_checksum
+
+    spec = MethodSpec("FLIC", "flic")
+    ds = linear_mapping(6, seed=0, n_spaces=3, n_train=24, n_test=30)
+    d = tmp_path / "r"
+    run_personal_method(_cfg(rounds=1), spec, 0, ds, d, progress=False)
+    other = linear_mapping(6, seed=1, n_spaces=3, n_train=24, n_test=30)  # other data, same shapes per space?
+    assert dataset_checksum(other) != dataset_checksum(ds)
+    with pytest.raises(CheckpointError, match="other data"):
+        run_personal_method(_cfg(rounds=2), spec, 0, other, d, progress=False)
+    with pytest.raises(CheckpointError, match="another configuration"):
+        run_personal_method(_cfg(rounds=2, lr=0.1), spec, 0, ds, d, progress=False)
+    with pytest.raises(CheckpointError, match="another configuration"):
+        run_personal_method(_cfg(rounds=2), spec, 1, ds, d, progress=False)  # another seed
+    (d / "checkpoint.pt").write_bytes((d / "checkpoint.pt").read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="truncated"):
+        run_personal_method(_cfg(rounds=2), spec, 0, ds, d, progress=False)
+
+
+# ------------------------------------------------------------------------------ dataset options, wordnet:mixed
+def test_toy_options_in_the_dataset_name(tmp_path):
+    ds = load_toy("toy:linear-mapping?n_spaces=6&dims=5-9&n_classes=3&n_train=10&n_test=7&latent_dim=4",
+                  n_clients=6, seed=0)
+    assert len(ds.spaces) == 6 and ds.n_classes == 3 and all(5 <= c.dim <= 9 for c in ds.clients)
+    assert all(c.x_train.shape[0] == 10 and c.x_test.shape[0] == 7 for c in ds.clients)
+    ref = linear_mapping(6, seed=0, n_spaces=6, dim_range=(5, 9), n_classes=3, n_train=10, n_test=7, latent_dim=4)
+    assert all(torch.equal(a.x_train, b.x_train) for a, b in zip(ds.clients, ref.clients))
+    noisy = load_toy("toy:noisy-features?noise=3&classes_per_client=2", n_clients=4, seed=0)
+    assert all(len(set(c.y_train.tolist())) <= 2 for c in noisy.clients)
+    for bad, word in (("toy:linear-mapping?colour=red", "unknown option"), ("toy:linear-mapping?dims=9-5", "dims"),
+                      ("toy:linear-mapping?n_classes=x", "n_classes"), ("toy:noisy-features?noise=nan", "noise"),
+                      ("toy:linear-mapping?n_spaces", "key=value"), ("toy:linear-mapping?n_spaces=9", "n_spaces"),
+                      ("toy:linear-mapping?noise=1", "noise"), ("toy:noisy-features?dims=4-9", "latent_dim"),
+                      ("toy:linear-mapping?classes_per_client=6", "classes_per_client")):
+        with pytest.raises(ValueError, match=word):
+            load_toy(bad, n_clients=4, seed=0)
+    # from the CLI: a bad option stops the run before anything is written, naming it
+    from fedsim.cli import main
+
+    assert main(["run", "--dataset", "toy:linear-mapping?n_spaces=0", "--algorithms", "local", "--rounds", "1",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_wordnet_mixed_two_real_representations():
+    from fedsim.data import load_dataset, mixed
+
+    minilm, tfidf = mixed.load_views()
+    assert tfidf.dim != minilm.dim and torch.equal(tfidf.y_train, minilm.y_train)
+    assert tfidf.meta["rows_of"]["file"] == "wordnet_minilm.npz"
+    cfg = _cfg(dataset="wordnet:mixed", n_clients=6, partition="iid")
+    ds = personal_dataset(cfg, 3)
+    assert ds.meta["clients"] == personal_dataset(cfg, 3).meta["clients"]  # from the seed
+    reps = [c["representation"] for c in ds.meta["clients"]]
+    assert reps.count("tfidf") == 3 and len(ds.spaces) == 6  # pruned: every client its own space
+    pool = {"minilm": torch.cat([minilm.x_train, minilm.x_test]).float(),
+            "tfidf": torch.cat([tfidf.x_train, tfidf.x_test]).float()}
+    plan = mixed.client_views(6, 3, tfidf=0.5, prune=0.05, dims={k: v.shape[1] for k, v in pool.items()})
+    y = torch.cat([minilm.y_train, minilm.y_test])
+    for c, rep, (rep2, cols, space) in zip(ds.clients, reps, plan):
+        D = pool[rep].shape[1]
+        assert rep2 == rep and c.space == space and int(0.95 * D) <= c.dim <= D and c.dim == cols.numel()
+        # every row of the client is a row of its representation seen through its kept coordinates
+        seen = pool[rep][:, cols]
+        for xr, yr in zip(c.x_train[:5], c.y_train[:5]):
+            i = int(torch.cdist(xr[None], seen).argmin())
+            assert torch.equal(seen[i], xr) and int(y[i]) == int(yr)
+    shared = personal_dataset(_cfg(dataset="wordnet:mixed?prune=0&tfidf=0.5", n_clients=6, partition="iid"), 3)
+    assert sorted(shared.spaces.items()) == [("minilm", 384), ("tfidf", tfidf.dim)]
+    with pytest.raises(ValueError, match="prune"):
+        personal_dataset(_cfg(dataset="wordnet:mixed?prune=1", n_clients=6), 0)
+    with pytest.raises(ValueError, match="unknown option"):
+        personal_dataset(_cfg(dataset="wordnet:mixed?dim=3", n_clients=6), 0)
+    assert load_dataset("default").dim == 384

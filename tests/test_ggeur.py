@@ -547,3 +547,29 @@ def test_aggregate_and_containers_reject_invalid_input(case):
     fn, exc, msg = _aggregate_cases()[case]
     with pytest.raises(exc, match=msg):
         fn()
+
+
+def test_group_prototypes_pool_each_group_and_leave_out_excluded(seed):
+    """The multi-domain rule: one exact pooled class mean per (group, class), none of the excluded
+    groups (a client's own domains), ordered by group then class."""
+    rng = np.random.default_rng(seed)
+    C, D = 5, 7
+    clients = _clients(rng, C=C, D=D, sizes=_sizes(rng, 5, C))
+    groups = [2, 0, 2, 1, 0]
+    stats = _stats(clients, C, torch.float64)
+    P, L, G = ggeur.group_prototypes(stats, groups, exclude={1})
+    want = []
+    for g in (0, 2):
+        X = np.concatenate([X for (X, _), h in zip(clients, groups) if h == g])
+        y = np.concatenate([y for (_, y), h in zip(clients, groups) if h == g])
+        want += [(g, c, X[y == c].mean(0)) for c in range(C) if (y == c).any()]
+    assert G.tolist() == [g for g, _, _ in want] and L.tolist() == [c for _, c, _ in want]
+    np.testing.assert_allclose(P.numpy(), np.stack([m for _, _, m in want]), rtol=1e-12, atol=1e-12)
+    P_all, _, G_all = ggeur.group_prototypes(stats, groups)
+    assert set(G_all.tolist()) == {0, 1, 2} and P_all.shape[0] >= P.shape[0]
+    empty = ggeur.group_prototypes(stats, groups, exclude={0, 1, 2})
+    assert [t.shape[0] for t in empty] == [0, 0, 0]
+    with pytest.raises(ValueError, match="groups has 2 entries"):
+        ggeur.group_prototypes(stats, [0, 1])
+    with pytest.raises(TypeError, match=r"groups\[0\]"):
+        ggeur.group_prototypes(stats, ["a"] * 5)

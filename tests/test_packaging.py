@@ -74,7 +74,8 @@ def test_pyproject_core_dependencies_hold_no_fedsim_package():
     assert {"torch", "numpy", "safetensors", "dp-accounting"} <= core
     assert {"matplotlib", "pillow", "scikit-learn", "tqdm"} <= names(extras["fedsim"])
     assert "geomkern" in names(extras["test"]) and "geomkern[fedsim]" in extras["test"]
-    assert "flower" not in extras
+    # the flower extra (issue 17) is the one that fedsim/flower needs: Flower with its Ray simulation
+    assert "flwr[simulation]>=1.41" in extras["flower"] and "geomkern[fedsim]" in extras["flower"]
 
 
 def test_fedsim_cli_without_its_extra_says_which_extra_in_one_line():

@@ -68,6 +68,10 @@ class Algorithm:
 
     name = "fedavg"
     defaults: dict = {}
+    # The slots of state_dict that are server state a client reads in its hooks (sent down with the
+    # weights, counted by download_bytes): what an engine whose clients run elsewhere (Flower) sends.
+    # A slot keyed "<slot>/<cid>/<param>" is one client's own state and stays with that client.
+    download_state: tuple[str, ...] = ()
 
     def __init__(self, **hparams):
         self.hp = merge_params(self.name, "hyper-parameter", self.defaults, hparams)
@@ -88,6 +92,11 @@ class Algorithm:
     # ------------------------------------------------------------------ server hooks
     def aggregate(self, global_params: Params, updates: list[ClientUpdate], *, n_clients: int) -> Params:
         return weighted_average(updates)
+
+    def upload_bytes(self, update: ClientUpdate) -> int:
+        """Bytes a client sends the server this round (its weights and extras by default; FedMP's
+        few-shot schedule sends nothing in the rounds between two exchanges)."""
+        return update.upload_bytes()
 
     def download_bytes(self, global_params: Params) -> int:
         """Bytes the server sends each selected client per round (the global model by default)."""

@@ -25,6 +25,7 @@ from .common import check_slots
 class FedProto(Algorithm):
     name = "fedproto"
     defaults = {"lam": 2.0}  # the GGEUR paper's setting
+    download_state = ("protos", "counts")
 
     def __init__(self, **hparams):
         super().__init__(**hparams)

@@ -34,6 +34,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     # 0.25 is the GGEUR paper's setting; the SCAFFOLD paper's default is 1.
     defaults = {"global_lr": 0.25}
+    download_state = ("c",)
 
     def __init__(self, **hparams):
         super().__init__(**hparams)

@@ -63,41 +63,82 @@ def dirichlet(labels, n_clients: int, *, beta: float, seed: int, min_size: int =
                      "use fewer clients")
 
 
-def domain_skew(domains, n_clients: int | None = None, *, seed: int) -> list[torch.Tensor]:
-    """Each client holds data of one domain; the clients of a domain split it IID.
-    Default: 2 clients per domain."""
+def _clients_per_domain(scheme: str, n_doms: int, n_clients: int | None, default: int) -> list[np.ndarray]:
+    """Client ids of each domain: ``n_clients`` spread over the domains as evenly as possible
+    (the first domains get one more when it does not divide)."""
+    n_clients = default if n_clients is None else n_clients
+    if n_clients < n_doms:
+        raise ValueError(f"{scheme} skew needs at least one client per domain: the data has {n_doms} domains, "
+                         f"but n_clients (--clients) is {n_clients}")
+    return np.array_split(np.arange(n_clients), n_doms)
+
+
+def domain_skew(domains, n_clients: int | None = None, *, seed: int, labels=None, beta: float | None = None,
+                min_size: int = 1, max_redraws: int = 100) -> list[torch.Tensor]:
+    """Each client holds data of one domain. Default: 2 clients per domain. The clients of a domain
+    split it by label skew, a Dirichlet(``beta``) client x class draw inside the domain (``dirichlet``,
+    redrawn until each of them has >= ``min_size`` samples, or as many as a small domain can give
+    each; FedMC reports beta for domain skew); with
+    ``beta=None`` or no ``labels`` they split it IID. Every sample is used exactly once."""
     d = np.asarray(domains.cpu() if isinstance(domains, torch.Tensor) else domains)
     doms = np.unique(d)
-    n_clients = 2 * len(doms) if n_clients is None else n_clients
-    if n_clients < len(doms):
-        raise ValueError(f"domain skew needs at least one client per domain ({len(doms)}), got {n_clients}")
-    _check(len(d), n_clients, 1)
-    rng = np.random.default_rng(seed)
-    per = np.array_split(np.arange(n_clients), len(doms))
+    per = _clients_per_domain("domain", len(doms), n_clients, 2 * len(doms))
+    _check(len(d), sum(len(c) for c in per), 1)
+    if beta is None or labels is None:
+        rng = np.random.default_rng(seed)
+        parts = []
+        for dom, clients in zip(doms, per):
+            idx = rng.permutation(np.nonzero(d == dom)[0])
+            parts.extend(np.sort(c) for c in np.array_split(idx, len(clients)))
+        return [torch.from_numpy(p).long() for p in parts]
+    y = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)
     parts = []
-    for dom, clients in zip(doms, per):
-        idx = rng.permutation(np.nonzero(d == dom)[0])
-        parts.extend(np.sort(c) for c in np.array_split(idx, len(clients)))
-    return [torch.from_numpy(p).long() for p in parts]
+    for i, (dom, clients) in enumerate(zip(doms, per)):
+        rows = np.nonzero(d == dom)[0]
+        if len(rows) < len(clients):  # a client is left empty: partition() refuses that, naming --clients
+            parts.extend(torch.from_numpy(r).long() for r in np.array_split(rows, len(clients)))
+            continue
+        # a small domain asks no more per client than it can give (at least 1)
+        sub = dirichlet(y[rows], len(clients), beta=beta, seed=seed + 7919 * i,
+                        min_size=max(1, min(min_size, len(rows) // len(clients))), max_redraws=max_redraws)
+        parts.extend(torch.from_numpy(rows[s.numpy()]).long() for s in sub)
+    return parts
 
 
 def label_domain_skew(labels, domains, n_clients: int | None = None, *, beta: float, seed: int,
                       min_size: int = 5, max_redraws: int = 100) -> list[torch.Tensor]:
-    """Office-Home-LDS style: the clients of each domain split that domain's data by a Dirichlet
-    client x class matrix (label skew inside every domain)."""
+    """Label and domain skew as GGEUR builds Office-Home-LDS: one client per domain (default); for
+    every class c, p ~ Dir(beta) over the domains, and domain k keeps floor(p_k x n_kc) of its own
+    n_kc samples of class c (a seeded random subset); the rest is not used. So each domain's class
+    histogram follows its own share of the Dirichlet draws (label skew across the domains), and
+    every sample is used at most once. With more clients than domains, the clients of a domain split
+    its kept samples IID. The whole draw is repeated until every client has >= ``min_size`` samples
+    (at most ``max_redraws`` times)."""
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0 (smaller = more skewed), got {beta}")
     y = np.asarray(labels.cpu() if isinstance(labels, torch.Tensor) else labels)
     d = np.asarray(domains.cpu() if isinstance(domains, torch.Tensor) else domains)
-    doms = np.unique(d)
-    n_clients = 2 * len(doms) if n_clients is None else n_clients
-    if n_clients < len(doms):
-        raise ValueError(f"label-domain skew needs at least one client per domain ({len(doms)}), got {n_clients}")
-    parts = []
-    for i, (dom, clients) in enumerate(zip(doms, np.array_split(np.arange(n_clients), len(doms)))):
-        rows = np.nonzero(d == dom)[0]
-        sub = dirichlet(y[rows], len(clients), beta=beta, seed=seed + 7919 * i, min_size=min_size,
-                        max_redraws=max_redraws)
-        parts.extend(torch.from_numpy(rows[s.numpy()]).long() for s in sub)
-    return parts
+    doms, classes = np.unique(d), np.unique(y)
+    per = _clients_per_domain("label-domain", len(doms), n_clients, len(doms))
+    K = sum(len(c) for c in per)
+    _check(len(y), K, min_size)
+    rng = np.random.default_rng(seed)
+    for _ in range(max_redraws):
+        kept: list[list[np.ndarray]] = [[] for _ in doms]
+        for c in classes:
+            p = rng.dirichlet(np.full(len(doms), beta))
+            for i, dom in enumerate(doms):
+                idx = rng.permutation(np.nonzero((d == dom) & (y == c))[0])
+                kept[i].append(idx[:int(p[i] * len(idx))])
+        parts = []
+        for rows, clients in zip(kept, per):
+            rows = rng.permutation(np.concatenate(rows))
+            parts.extend(np.sort(s) for s in np.array_split(rows, len(clients)))
+        if min(len(q) for q in parts) >= min_size:
+            return [torch.from_numpy(q).long() for q in parts]
+    raise ValueError(f"no label-domain partition (Dirichlet(beta={beta}) over {len(doms)} domains per class) gave "
+                     f"every one of the {K} clients >= {min_size} samples in {max_redraws} draws; raise beta, "
+                     "lower min_size or use fewer clients")
 
 
 def partition(scheme: str, *, labels, domains=None, n_clients: int | None, beta: float = 0.5,
@@ -110,8 +151,8 @@ def partition(scheme: str, *, labels, domains=None, n_clients: int | None, beta:
         parts = iid(len(labels), n_clients or 10, seed=seed)
     elif scheme == "dirichlet":
         parts = dirichlet(labels, n_clients or 10, beta=beta, seed=seed, min_size=min_size)
-    elif scheme == "domain":
-        parts = domain_skew(domains, n_clients, seed=seed)
+    elif scheme == "domain":  # min_size capped at 5 in the domain schemes: a domain is a fraction of the data
+        parts = domain_skew(domains, n_clients, seed=seed, labels=labels, beta=beta, min_size=min(min_size, 5))
     else:
         parts = label_domain_skew(labels, domains, n_clients, beta=beta, seed=seed, min_size=min(min_size, 5))
     # A client without samples cannot train, be averaged (weight 0) or send geometry: refused here,

@@ -17,6 +17,9 @@ sharing a feature space" has something to share (the issue's baseline).
 Labels: every client holds all C classes (or ``classes_per_client`` of them, a seeded subset per
 client: label skew as in the official code's shards), drawn uniformly, ``n_train`` training and
 ``n_test`` test rows per client. Same seed, same everything (latent means, maps, dimensions, rows).
+
+Every option is reachable from the CLI and TOML in the dataset's name (fedsim/data/spec.py), e.g.
+``--dataset 'toy:linear-mapping?n_spaces=20&dims=3-99&n_classes=20&classes_per_client=2'``.
 """
 from __future__ import annotations
 
@@ -101,10 +104,47 @@ def is_toy(name) -> bool:
     return isinstance(name, str) and name.startswith("toy:")
 
 
+def _pos(v) -> bool:
+    return v > 0
+
+
+# The generators' options as ``toy:NAME?key=value&...`` (fedsim/data/spec.py): type, check, allowed values.
+OPTIONS = {
+    "n_spaces": (int, _pos, "an integer >= 1 (at most --clients)"),
+    "n_classes": (int, lambda v: v >= 2, "an integer >= 2"),
+    "latent_dim": (int, _pos, "an integer >= 1"),
+    "separation": (float, _pos, "a number > 0"),
+    "n_train": (int, _pos, "an integer >= 1"),
+    "n_test": (int, _pos, "an integer >= 1"),
+    "dims": ("range", lambda v: 1 <= v[0] <= v[1], "LO-HI with 1 <= LO <= HI (D_s drawn per space)"),
+    "noise": (float, lambda v: v >= 0, "a number >= 0"),
+    "classes_per_client": (int, _pos, "an integer >= 1 (at most n_classes)"),
+}
+
+
 def load_toy(name: str, *, n_clients: int, seed: int) -> PersonalDataset:
-    """``"toy:NAME"`` -> the generated dataset for ``seed``."""
-    kind = name.split(":", 1)[1]
+    """``"toy:NAME"`` or ``"toy:NAME?key=value&..."`` (keys: ``OPTIONS``; ``dims=LO-HI`` is
+    ``dim_range``) -> the generated dataset for ``seed``."""
+    from .spec import parse, split
+
+    base, given = split(name)
+    kind = base.split(":", 1)[1]
     if kind not in TOYS:
         raise ValueError(f"dataset {name!r}: unknown toy problem; choose one of "
                          f"{['toy:' + k for k in sorted(TOYS)]}")
-    return TOYS[kind](n_clients, seed=seed)
+    kw = parse(name, given, OPTIONS)
+    if kind == "linear-mapping" and "noise" in kw:
+        raise ValueError(f"dataset {name!r}: option noise is for toy:noisy-features (linear-mapping adds none)")
+    if "dims" in kw:
+        kw["dim_range"] = kw.pop("dims")
+    p = {**DEFAULTS, **kw}
+    if p["classes_per_client"] is not None and p["classes_per_client"] > p["n_classes"]:
+        raise ValueError(f"dataset {name!r}: option classes_per_client={p['classes_per_client']} must be at "
+                         f"most n_classes={p['n_classes']}")
+    if kind == "noisy-features" and p["dim_range"][0] <= p["latent_dim"]:
+        raise ValueError(f"dataset {name!r}: option dims={p['dim_range'][0]}-{p['dim_range'][1]} must lie above "
+                         f"latent_dim={p['latent_dim']} (noise dimensions are added to the latent ones)")
+    try:
+        return TOYS[kind](n_clients, seed=seed, **kw)
+    except ValueError as exc:  # n_spaces beyond the number of clients
+        raise ValueError(f"dataset {name!r}: {exc}") from None

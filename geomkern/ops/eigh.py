@@ -5,9 +5,29 @@ kernel (csrc/cuda/eigh.cu, registered by geomkern/backends/native) and CuPy
 (geomkern/backends/cupy)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from .. import _dispatch, _validate
+
+
+@contextmanager
+def thread_independent(device: torch.device | str):
+    """Run a CPU LAPACK eigensolver on one thread, so its result does not depend on the caller's
+    thread count: MKL's threaded syevd splits its reductions by thread count from n = 128 on (the
+    eigenvalues of a 384 x 384 covariance differed by 8e-8 between 1 and 2 threads, and the
+    eigenvectors of clustered eigenvalues by O(1)), which made a fedsim run's GGEUR and FedMC
+    samples, and so its results, depend on --threads. A no-op on other devices."""
+    if torch.device(device).type != "cpu" or torch.get_num_threads() == 1:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def sign_fix(U: torch.Tensor) -> torch.Tensor:
@@ -23,7 +43,9 @@ def top_eigenpairs(vals: torch.Tensor, vecs: torch.Tensor, k: int):
 
 
 def eigh_reference(A, k):
-    return top_eigenpairs(*torch.linalg.eigh(A), k)
+    with thread_independent(A.device):
+        vals, vecs = torch.linalg.eigh(A)
+    return top_eigenpairs(vals, vecs, k)
 
 
 _dispatch.register("eigh", "reference")(eigh_reference)

@@ -14,7 +14,7 @@ import torch
 
 from .. import _dispatch, _validate
 from ._segments import buckets
-from .eigh import sign_fix
+from .eigh import sign_fix, thread_independent
 from .rbf import _sqdist, double_center, double_center_, gram_reference
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
@@ -80,7 +80,8 @@ def dense_top(Kc: torch.Tensor, d: int):
     (LAPACK ?syevx for the top d only measured 1.5-2.9x faster than torch's full eigh in
     isolation at n = 175-300, but slower inside kpca: scipy's OpenBLAS threads and torch's
     OpenMP threads contend, see benchmarks/NOTES.md. So: torch.)"""
-    mu, U = torch.linalg.eigh(Kc)  # ascending
+    with thread_independent(Kc.device):
+        mu, U = torch.linalg.eigh(Kc)  # ascending
     return mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
 
 
@@ -122,7 +123,8 @@ def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max
             WT[:, a:b] = apply(Y).transpose(1, 2)
             if i + 1 in checks:
                 H = QT[:, :b] @ WT[:, :b].transpose(1, 2)
-                w, V = torch.linalg.eigh(0.5 * (H + H.transpose(1, 2)))
+                with thread_independent(H.device):
+                    w, V = torch.linalg.eigh(0.5 * (H + H.transpose(1, 2)))
                 w, V = w.flip(-1), V.flip(-1)
                 Vd = V[:, :, :d].transpose(1, 2)  # (B, d, m)
                 UT = Vd @ QT[:, :b]

@@ -48,7 +48,9 @@ def double_center_(K: torch.Tensor) -> torch.Tensor:
     """:func:`double_center` in place: ((K - col means) - row means) + overall mean."""
     col = K.mean(-2, keepdim=True)
     row = K.mean(-1, keepdim=True)
-    mean = K.mean((-2, -1), keepdim=True)
+    # the mean of the n row means, not one reduction over all n^2 entries: torch splits a reduction
+    # of more than 32768 elements by thread count, so its rounding (and a run's results) depended on it
+    mean = row.mean(-2, keepdim=True)
     return K.sub_(col).sub_(row).add_(mean)
 
 

@@ -1,0 +1,52 @@
+"""What the final global model gets right and wrong: per class, per client, and the confusion matrix.
+
+A client *holds* a class when its partition has at least one training row of that class (real
+rows; an augmenter's synthetic rows do not count). Its "own classes" accuracy is the global
+model's test accuracy on the test rows of the classes it holds, its "missing classes" accuracy
+the same on the classes it lacks: how much of what the federation learnt reaches a client that
+never saw a class.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def confusion_matrix(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """(C, C) int64 counts: row = true class, column = predicted class."""
+    return torch.bincount(y.long() * n_classes + pred.long(), minlength=n_classes * n_classes).view(
+        n_classes, n_classes).cpu()
+
+
+def _accuracy(conf: torch.Tensor, classes) -> float | None:
+    """Accuracy over the test rows of ``classes`` (None when they have none)."""
+    idx = torch.as_tensor(sorted(classes), dtype=torch.long)
+    n = int(conf[idx].sum()) if len(idx) else 0
+    return None if n == 0 else float(conf[idx, idx].sum()) / n
+
+
+@torch.no_grad()
+def final_report(model, x_test: torch.Tensor, y_test: torch.Tensor, client_labels, n_classes: int) -> dict:
+    """The final model's per-class accuracy (None for a class without test rows), its confusion
+    matrix, and per client the classes it holds with its accuracy on them and on the rest;
+    ``client_labels``: each client's training labels. Scalars for the summary: the worst class
+    and the means over clients of the own / missing accuracies (clients without such test rows
+    left out; None if no client has any)."""
+    model.eval()
+    pred = model(x_test)[0].argmax(1)
+    conf = confusion_matrix(pred, y_test, n_classes)
+    per_class = [_accuracy(conf, [c]) for c in range(n_classes)]
+    clients = []
+    for k, y in enumerate(client_labels):
+        held = sorted(int(c) for c in torch.unique(y).tolist())
+        lacked = sorted(set(range(n_classes)) - set(held))
+        clients.append({"client": k, "classes": held, "own_accuracy": _accuracy(conf, held),
+                        "missing_accuracy": _accuracy(conf, lacked)})
+
+    def mean(key):
+        vals = [c[key] for c in clients if c[key] is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    present = [a for a in per_class if a is not None]
+    return {"per_class": per_class, "confusion": conf.tolist(), "per_client": clients,
+            "worst_class_accuracy": min(present) if present else None,
+            "own_class_accuracy": mean("own_accuracy"), "missing_class_accuracy": mean("missing_accuracy")}

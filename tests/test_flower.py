@@ -1,0 +1,298 @@
+"""fedsim's Flower apps (fedsim/flower): the same results as the local engine, geometry checked on
+receipt, failures handled. Needs the `flower` extra (skipped without flwr).
+
+Fast tests drive the real ClientApp and ServerApp logic through ``InProcessGrid`` (a Flower Grid
+that hands each message to ``client_app.app`` in this process, one Flower Context per node: Flower's
+messages, records and app routing, without Ray or gRPC). The Simulation Engine (Ray) and the real
+deployment (flower-superlink + flower-supernode processes) are slow tests (--runslow).
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr")
+
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from conftest import save_blobs  # noqa: E402
+from fedsim.runner import MethodSpec, RunConfig, run  # noqa: E402
+from geomkern import fedmc, ggeur  # noqa: E402
+from geomkern.exchange import read_bytes  # noqa: E402
+
+
+class InProcessGrid(Grid):
+    """A Flower Grid whose nodes are ``client_app.app`` called in this process. ``tamper(cid, kind,
+    reply)`` may replace a reply (a malformed upload) or return None (a node that never answers)."""
+
+    def __init__(self, n: int, tamper=None):
+        from fedsim.flower.client_app import app
+
+        self.app, self.tamper = app, tamper
+        self.contexts = {100 + k: Context(run_id=1, node_id=100 + k, state=RecordDict(), run_config={},
+                                          node_config={"partition-id": k, "num-partitions": n}) for k in range(n)}
+        for name in ("run_id", "task_id", "node_id"):
+            setattr(TaskIdentity, name, 1)
+
+    def set_run(self, run):
+        pass
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id)
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            try:
+                rep = self.app(m, self.contexts[node])
+            except Exception as exc:  # what a SuperNode does with a ClientApp exception
+                rep = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=m)
+            if self.tamper is not None:
+                rep = self.tamper(node - 100, m.metadata.message_type, rep)
+            if rep is not None:
+                out.append(rep)
+        return out
+
+
+@pytest.fixture
+def blobs(tmp_path):
+    return save_blobs(tmp_path / "blobs.npz", classes=4, dim=8, noise=0.6, n_train=240, n_test=80, seed=0)
+
+
+def _cfg(data, methods, **kw):
+    """4 clients, 3 of them per round; 2 rounds in the fast tests (a client's state then carries over
+    between rounds), 3 in the slow ones."""
+    return RunConfig(**{"dataset": str(data), "n_clients": 4, "rounds": 2, "min_size": 5, "client_fraction": 0.75,
+                        "methods": methods, **kw})
+
+
+def _seed_metrics(results):
+    return {m: v["seeds"]["0"] for m, v in results["methods"].items()}
+
+
+PARITY = [MethodSpec("FedAvg+GGEUR", augmenter="ggeur"), MethodSpec("FedAvg+FedMC", augmenter="fedmc"),
+          MethodSpec("SCAFFOLD", algorithm="scaffold")]
+# the Simulation Engine test adds these (slow): plain FedAvg, FedProto's prototypes sent down, MOON's
+# previous model and FedDyn's grad_i kept by the client, FedDyn's h and FedAdam's moments by the server
+MORE = [MethodSpec("FedAvg"), MethodSpec("FedProto+GGEUR", algorithm="fedproto", augmenter="ggeur"),
+        MethodSpec("MOON", algorithm="moon"), MethodSpec("FedDyn", algorithm="feddyn"),
+        MethodSpec("FedAdam", algorithm="fedadam")]
+
+
+def test_flower_apps_give_the_local_engines_results(blobs, tmp_path):
+    """Per round accuracy, loss and bytes identical (bit for bit): the ClientApp runs the local
+    engine's client_round with randomness from (seed, round, client); the server sorts updates by cid."""
+    local = run(_cfg(blobs, PARITY), tmp_path / "local", progress=False)
+    grid = InProcessGrid(4)
+    flower = run(_cfg(blobs, PARITY), tmp_path / "flower", progress=False, engine=grid)
+    assert _seed_metrics(flower) == _seed_metrics(local)
+    for name in ("results.json", "results.csv", "timings.json", "accuracy.png"):
+        assert (tmp_path / "flower" / name).is_file()
+    tim = json.loads((tmp_path / "flower" / "timings.json").read_text())["FedAvg+GGEUR"]["0"]
+    m = flower["methods"]["FedAvg+GGEUR"]["seeds"]["0"]
+    # wire bytes = tensor bytes + headers (npy per array, safetensors JSON per blob), never less
+    assert tim["engine"] == "flower" and tim["wire_bytes_up"] >= m["bytes_up"] and tim["wire_bytes_down"] > 0
+    assert 0.0 <= tim["federated_accuracy"] <= 1.0  # @app.evaluate: the final model on the clients' rows
+    # client state lives in the nodes' Flower contexts: SCAFFOLD's c_i of every client that trained
+    keys = [k for ctx in grid.contexts.values() for k in ctx.state.array_records if k.startswith("2.0.algo")]
+    assert keys
+
+
+def _forge(blob: bytes, *, nan=False, version=None, drop_dim=False) -> bytes:
+    """The bytes of a geometry container changed the way a faulty or hostile client could."""
+    import safetensors.torch
+
+    kind, fields = read_bytes(blob, "geomkern.ggeur")
+    t = {k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}
+    if nan:
+        t["means"] = t["means"].clone()
+        t["means"][0, 0] = float("nan")
+    if drop_dim:
+        t["means"], t["covs"] = t["means"][:, :-1].contiguous(), t["covs"][:, :-1, :-1].contiguous()
+    meta = {"format": "geomkern.ggeur", "version": version or "1", "kind": kind, "scalars": "{}"}
+    return safetensors.torch.save(t, metadata=meta)
+
+
+@pytest.mark.parametrize("fault,reason", [({"nan": True}, "NaN"), ({"version": "7"}, "format version 7"),
+                                          ({"drop_dim": True}, "D=7")])
+def test_malformed_geometry_is_rejected_with_its_reason(blobs, tmp_path, caplog, fault, reason):
+    """Client 1 uploads broken GGEUR statistics: the server logs why and leaves them out; the
+    round runs with the other clients and nothing becomes NaN."""
+
+    def tamper(cid, kind, rep):
+        if cid == 1 and kind == "query.upload":
+            rec = rep.content.config_records["upload"]
+            rec["stats"] = _forge(rec["stats"], **fault)
+        return rep
+
+    with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
+        res = run(_cfg(blobs, [MethodSpec("FedAvg+GGEUR", augmenter="ggeur")]), tmp_path / "run", progress=False,
+                  engine=InProcessGrid(4, tamper))
+    msgs = [r.getMessage() for r in caplog.records if "rejected client 1" in r.getMessage()]
+    assert msgs and reason in msgs[0], caplog.text
+    acc = res["methods"]["FedAvg+GGEUR"]["seeds"]["0"]["accuracy"]
+    assert len(acc) == 2 and all(0.0 <= a <= 1.0 for a in acc)
+
+
+def test_a_client_that_never_answers_is_left_out_and_the_round_completes(blobs, tmp_path, caplog):
+    def tamper(cid, kind, rep):
+        return None if (cid == 2 and kind == "train") else rep
+
+    cfg = _cfg(blobs, [MethodSpec("FedAvg")], client_fraction=1.0)
+    with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
+        res = run(cfg, tmp_path / "run", progress=False, engine=InProcessGrid(4, tamper), round_timeout=5)
+    assert "client(s) [2]" in caplog.text
+    assert len(res["methods"]["FedAvg"]["seeds"]["0"]["accuracy"]) == 2
+
+
+def test_a_failing_client_is_an_error_reply_and_left_out(blobs, tmp_path, caplog):
+    def tamper(cid, kind, rep):
+        if cid == 0 and kind == "train":
+            return Message(Error(code=1, reason="ClientAppException: out of memory"), reply_to=_last[0])
+        return rep
+
+    _last = [None]
+    grid = InProcessGrid(4, tamper)
+    real = grid.app
+
+    def app(m, ctx):
+        _last[0] = m
+        return real(m, ctx)
+
+    grid.app = app
+    with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
+        run(_cfg(blobs, [MethodSpec("FedAvg")], client_fraction=1.0), tmp_path / "run", progress=False, engine=grid)
+    assert "client 0 failed in train" in caplog.text and "out of memory" in caplog.text
+
+
+def test_every_client_failing_stops_the_run_with_a_message(blobs, tmp_path):
+    grid = InProcessGrid(4, lambda cid, kind, rep: None if kind == "train" else rep)
+    with pytest.raises(RuntimeError, match="none of the 3 selected clients returned a usable update"):
+        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "run", progress=False, engine=grid, round_timeout=1)
+
+
+def test_refused_configurations_are_named(blobs, tmp_path):
+    with pytest.raises(ValueError, match="protocol 'fixed'"):
+        run(_cfg(blobs, [MethodSpec("M", augmenter="fedmc", augmenter_params={"protocol": "algorithm1"})]),
+            tmp_path / "a", progress=False, engine=InProcessGrid(4))
+    with pytest.raises(ValueError, match="--engine 'bogus' is not known"):
+        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "b", progress=False, engine="bogus")
+    with pytest.raises(ValueError, match="cannot be resumed"):
+        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "c", resume=True, engine="flower")
+    with pytest.raises(ValueError, match="algorithm 'flic'"):
+        run(_cfg(blobs, [MethodSpec("FLIC", algorithm="flic")]), tmp_path / "d", progress=False,
+            engine=InProcessGrid(4))
+
+
+def test_a_supernode_of_another_federation_size_is_refused(blobs, tmp_path):
+    grid = InProcessGrid(4)
+    for ctx in grid.contexts.values():
+        ctx.node_config["num-partitions"] = 5
+    with pytest.raises(RuntimeError, match="num-partitions=5, but the run has n_clients=4"):
+        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "run", progress=False, engine=grid)
+
+
+def test_exchanged_containers_round_trip_through_bytes():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 6, generator=g)
+    y = torch.randint(0, 3, (60,), generator=g)
+    s = ggeur.local_statistics(X, y, 3)
+    blob = s.to_bytes()
+    back = ggeur.ClassStatistics.from_bytes(blob, source="client 4's upload")
+    assert all(torch.equal(getattr(back, k), getattr(s, k)) for k in ("counts", "means", "covs"))
+    assert len(blob) > s.nbytes()  # the safetensors header on top of the tensor bytes
+    pr = fedmc.PrototypeRelease(*fedmc.client_prototypes(X, 4, epsilon=float("inf"), delta=1e-5, clip_norm=None,
+                                                         generator=g))
+    assert torch.equal(fedmc.PrototypeRelease.from_bytes(pr.to_bytes()).centers, pr.centers)
+    with pytest.raises(ValueError, match="client 4's upload holds a class_statistics, expected a global_geometry"):
+        ggeur.GlobalGeometry.from_bytes(blob, source="client 4's upload")
+    with pytest.raises(ValueError, match="client 4's upload is not a readable safetensors blob"):
+        ggeur.ClassStatistics.from_bytes(blob[:-5], source="client 4's upload")
+    with pytest.raises(ValueError, match="is not a geomkern.fedmc file"):
+        fedmc.PrototypeRelease.from_bytes(blob)
+
+
+@pytest.mark.slow
+def test_simulation_engine_gives_the_local_engines_results(blobs, tmp_path):
+    """`fedsim run --engine flower`: Flower's Simulation Engine (Ray backend), 4 virtual SuperNodes."""
+    from fedsim.cli import main
+
+    methods = PARITY + MORE
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as Ray's actors (one CPU each): FedMC's float sums depend on the thread count
+    try:
+        local = run(_cfg(blobs, methods, rounds=3), tmp_path / "local", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    cfg = _cfg(blobs, methods, rounds=3)
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'dataset = "{blobs}"\nn_clients = 4\nrounds = 3\nmin_size = 5\nclient_fraction = 0.75\n'
+                    + "".join(f'[[methods]]\nname = "{m.name}"\nalgorithm = "{m.algorithm}"\naugmenter = "{m.augmenter}"\n'
+                              for m in cfg.methods))
+    assert main(["run", "--config", str(toml), "--engine", "flower", "--quiet", "--out", str(tmp_path / "sim")]) == 0
+    sim = json.loads((tmp_path / "sim" / "results.json").read_text())
+    assert _seed_metrics(sim) == _seed_metrics(local)
+
+
+@pytest.mark.slow
+def test_real_deployment_superlink_and_three_supernodes(blobs, tmp_path):
+    """flower-superlink + 3 flower-supernode processes on free ports, 3 rounds of FedAvg+GGEUR; the
+    same accuracies as the local engine; every process is gone afterwards."""
+    from fedsim.flower.deploy import group_members, run_deployment
+
+    methods = [MethodSpec("FedAvg+GGEUR", augmenter="ggeur")]
+    cfg = _cfg(blobs, methods, n_clients=3, client_fraction=1.0, rounds=3)
+    local = run(_cfg(blobs, methods, n_clients=3, client_fraction=1.0, rounds=3), tmp_path / "local", progress=False)
+    started = {}
+    res = run_deployment(cfg, tmp_path / "deployed", timeout=600, round_timeout=120, on_started=started.update)
+    assert _seed_metrics(res) == _seed_metrics(local)
+    procs = [started["superlink"], *started["supernodes"]]
+    assert all(p.poll() is not None for p in procs)
+    assert not any(group_members(p.pid) for p in procs)  # the whole groups ended, app processes included
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_during_the_run_never_hangs_it(blobs, tmp_path):
+    """One of three SuperNodes is killed as soon as the run is submitted: the run either completes
+    with the other two (the dead node's steps time out and it is left out) or fails with a message,
+    within its time bound; every process is shut down either way."""
+    import os
+    import signal
+    import time
+
+    from fedsim.flower.deploy import group_members, run_deployment
+
+    cfg = _cfg(blobs, [MethodSpec("FedAvg")], n_clients=3, client_fraction=1.0)
+    started = {}
+
+    def kill_one(procs):
+        started.update(procs)
+        os.killpg(procs["supernodes"][2].pid, signal.SIGKILL)
+
+    t0 = time.monotonic()
+    try:
+        res = run_deployment(cfg, tmp_path / "run", timeout=300, round_timeout=20, on_started=kill_one)
+        assert len(res["methods"]["FedAvg"]["seeds"]["0"]["accuracy"]) == 2
+    except RuntimeError as exc:
+        assert "Flower run" in str(exc) and "logs" in str(exc)
+    assert time.monotonic() - t0 < 300
+    assert not any(group_members(p.pid) for p in [started["superlink"], *started["supernodes"]])

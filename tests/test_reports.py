@@ -1,0 +1,150 @@
+"""What a run reports beyond accuracy: sample std and paired differences, per-class / per-client
+accuracy and the confusion matrix, the plots, plain progress lines in a pipe, and results that do
+not depend on the thread count."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import save_blobs
+
+from fedsim import report, runner
+from fedsim.metrics import final_report
+from fedsim.runner import MethodSpec, RunConfig
+
+
+@pytest.fixture(scope="module")
+def blobs(tmp_path_factory):
+    """5 classes of unit-norm Gaussian blobs in D=16."""
+    return save_blobs(tmp_path_factory.mktemp("data") / "blobs.npz", classes=5, dim=16, noise=0.9,
+                      n_train=600, n_test=200, seed=3)
+
+
+def _cfg(path, **kw):
+    base = dict(dataset=str(path), rounds=1, n_clients=4, beta=0.3, batch_size=32, min_size=5,
+                methods=[MethodSpec("FedAvg"), MethodSpec("FedProx", algorithm="fedprox")])
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_summary_uses_the_sample_std_and_paired_differences():
+    per_seed = {"0": {"final_accuracy": 0.5, "last5_mean": 0.4, "bytes_up": 1, "bytes_down": 1},
+                "1": {"final_accuracy": 0.7, "last5_mean": 0.6, "bytes_up": 1, "bytes_down": 1}}
+    s = report.summarise(per_seed)
+    assert s["final_accuracy"]["std"] == pytest.approx(np.std([0.5, 0.7], ddof=1))  # 0.1414, not 0.1
+    assert report.summarise({"0": per_seed["0"]})["final_accuracy"]["std"] is None  # one seed: no spread
+    other = {"0": {**per_seed["0"], "final_accuracy": 0.55}, "1": {**per_seed["1"], "final_accuracy": 0.65}}
+    results = {"methods": {"A": {"seeds": per_seed, "summary": s},
+                           "B": {"seeds": other, "summary": report.summarise(other)}}}
+    report.paired_differences(results)
+    d = results["methods"]["B"]["summary"]["paired_diff"]
+    assert d["vs"] == "A" and d["per_seed"] == pytest.approx({"0": 0.05, "1": -0.05})
+    assert (d["mean"], d["min"], d["max"]) == pytest.approx((0.0, -0.05, 0.05))
+    assert "paired_diff" not in results["methods"]["A"]["summary"]
+
+
+def test_final_report_counts_classes_and_clients():
+    class Fixed(torch.nn.Module):  # predicts class (x[:, 0]) as given
+        def forward(self, x):
+            return torch.nn.functional.one_hot(x[:, 0].long(), 3).float(), x
+
+    y = torch.tensor([0, 0, 1, 1, 2, 2])
+    pred = torch.tensor([0, 1, 1, 1, 0, 2])
+    out = final_report(Fixed(), pred.view(-1, 1).float(), y, [torch.tensor([0, 0, 1]), torch.tensor([2])], 3)
+    assert out["confusion"] == [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
+    assert out["per_class"] == [0.5, 1.0, 0.5] and out["worst_class_accuracy"] == 0.5
+    c0, c1 = out["per_client"]
+    assert c0["classes"] == [0, 1] and c0["own_accuracy"] == pytest.approx(3 / 4)
+    assert c0["missing_accuracy"] == pytest.approx(1 / 2)
+    assert c1["classes"] == [2] and c1["own_accuracy"] == pytest.approx(1 / 2)
+    assert c1["missing_accuracy"] == pytest.approx(3 / 4)
+    assert out["own_class_accuracy"] == pytest.approx(5 / 8)
+
+
+def test_run_reports_per_class_clients_confusion_and_plots(tmp_path, blobs):
+    res = runner.run(_cfg(blobs, seeds=2), tmp_path / "o", progress=False)
+    on_disk = json.loads((tmp_path / "o" / "results.json").read_text())
+    for name in ("FedAvg", "FedProx"):
+        m = on_disk["methods"][name]
+        for v in m["seeds"].values():
+            conf = np.array(v["confusion"])
+            assert conf.shape == (5, 5) and conf.sum() == 200
+            # the confusion matrix's diagonal is the final accuracy
+            assert np.trace(conf) / conf.sum() == pytest.approx(v["final_accuracy"])
+            assert len(v["per_class"]) == 5 and len(v["per_client"]) == 4
+        assert len(m["summary"]["per_class"]["mean"]) == 5
+    d = on_disk["methods"]["FedProx"]["summary"]["paired_diff"]
+    assert d["vs"] == "FedAvg" and set(d["per_seed"]) == {"0", "1"}
+    assert res["methods"]["FedProx"]["summary"]["paired_diff"] == d  # the returned results agree
+    table = (tmp_path / "o" / "table.txt").read_text()
+    assert "sample std (ddof = 1)" in table and "vs FedAvg pp" in table and "per class" in table
+    for f in ("accuracy.png", "partition.png", "per_class.png"):
+        assert (tmp_path / "o" / f).stat().st_size > 1000, f
+
+
+def test_progress_in_a_pipe_is_plain_lines():
+    """A real pipe (not a StringIO): the rounds bar writes plain lines, no carriage returns."""
+    code = ("from fedsim._progress import progress_bar\n"
+            "for _ in progress_bar(range(50), desc='rounds', unit='round'):\n    pass\n")
+    err = subprocess.run([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, check=True).stderr
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert 2 <= len(lines) <= 12 and lines[-1].startswith("rounds: 50/50 rounds (100%)")
+
+
+@pytest.mark.parametrize("augmenter", ["ggeur", pytest.param("fedmc", marks=pytest.mark.slow)])
+def test_results_do_not_depend_on_the_thread_count(tmp_path_factory, augmenter):
+    """D = 160 >= 128, where MKL's threaded eigensolver splits its work by thread count: before
+    geomkern ran it on one thread, GGEUR's eigenbasis (and so its samples) differed at 1 and 2
+    threads. FedMC: the accuracies are identical, its training loss still differs in the 10th
+    digit (benchmarks/NOTES.md, "Threads")."""
+    tmp = tmp_path_factory.mktemp("threads")
+    data = save_blobs(tmp / "wide.npz", classes=3, dim=160, noise=1.0, n_train=300, n_test=60, seed=1)
+    cfg = dict(dataset=str(data), rounds=1, n_clients=2, beta=1.0, min_size=5,
+               methods=[MethodSpec("m", augmenter=augmenter)])
+    before = torch.get_num_threads()
+    out = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out[n] = runner.run(RunConfig(**cfg), tmp / f"t{n}", progress=False)["methods"]["m"]["seeds"]["0"]
+    finally:
+        torch.set_num_threads(before)
+    assert out[1]["accuracy"] == out[2]["accuracy"]
+    if augmenter == "fedmc":
+        np.testing.assert_allclose(out[1]["train_loss"], out[2]["train_loss"], rtol=1e-8)
+    else:
+        assert out[1]["train_loss"] == out[2]["train_loss"]
+
+
+def test_centralised_row_is_one_client_with_all_data(tmp_path, blobs):
+    res = runner.run(_cfg(blobs, methods=[MethodSpec("FedAvg")], centralised=True), tmp_path / "o", progress=False)
+    assert list(res["methods"]) == ["FedAvg", "Centralised"]  # the ceiling comes last
+    c = res["methods"]["Centralised"]
+    assert (c["algorithm"], c["augmenter"]) == ("fedavg", "none")
+    (client,) = c["seeds"]["0"]["per_client"]  # one client, holding every class
+    assert client["classes"] == list(range(5))
+    assert len(res["methods"]["FedAvg"]["seeds"]["0"]["per_client"]) == 4
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["centralised"] is True
+    with pytest.raises(ValueError, match="Centralised"):
+        runner.run(_cfg(blobs, methods=[MethodSpec("centralised")], centralised=True), tmp_path / "p",
+                   progress=False)
+
+
+def test_thread_default_follows_cpus_quota_and_work(tmp_path, monkeypatch):
+    from fedsim import _threads
+
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs
+    assert _threads.cgroup_cpus(tmp_path) == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert _threads.cgroup_cpus(tmp_path) is None
+    monkeypatch.setattr(_threads, "cgroup_cpus", lambda: 1.5)
+    assert _threads.usable_cpus() == min(len(__import__("os").sched_getaffinity(0)), 2)
+    W = _threads.WORK_PER_THREAD
+    assert _threads.default_threads(_threads.step_work(64, 384, 25), cpus=16) == 1  # the embedded linear head
+    assert _threads.default_threads(_threads.step_work(64, 384, 25, hidden=256), cpus=16) == 1
+    assert _threads.default_threads(3 * W, cpus=16) == 3 and _threads.default_threads(3 * W, cpus=2) == 2
