@@ -65,7 +65,10 @@ def emu_lib(tmp_path_factory) -> str:
     cmd = [CXX, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
            "-I", str(CUDA_DIR), "-I", str(CUDA_INCLUDE), "-include", str(HOST_DIR / "cuda_emu.h"),
            "-x", "c++", *map(str, sorted(CUDA_DIR.glob("*.cu"))), "-x", "none",
-           str(HOST_DIR / "emu_harness.cpp"), "-o", str(lib)]
+           str(HOST_DIR / "emu_harness.cpp"),
+           # -Bsymbolic: the harness binds to the emulator's cuda* functions even when a CUDA build of
+           # torch has loaded the real libcudart into this process first (cudaError 35 otherwise)
+           "-Wl,-Bsymbolic", "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"emulation build failed:\n{proc.stderr}"
     return str(lib)
