@@ -246,33 +246,11 @@ struct PreimageKernel {
   }
 };
 
-// Register blocks: kNB basis rows/columns x PV vectors of points. With AVX-512 (32 vector
-// registers) the main block is 6 x 4 (24 accumulators); with 16 registers (AVX2/SSE) 6 x 2.
-// Narrower tiles (PV = 2, 1) only serve to give every thread a tile when b is small: measured on
-// one core (b=512, S=D=512, AVX-512) 6x4, 6x2 and 6x1 run within 3-7% of each other, and the
-// wide tile reads B less often, which keeps it ahead when B is not cache-resident (S=D=2048:
-// the 4-vector tile 1.2x faster than the 2-vector one). kNB is the same for every width, so
-// the order of every sum, hence the result, does not depend on the tile width chosen, i.e. on
-// the thread count.
-constexpr int kNB = 6;
-#if defined(__AVX512F__)
-constexpr int kWide = 4;
-#else
-constexpr int kWide = 2;
-#endif
-
+// Register blocks and the tile-width rule: simd.h (kNB, kWide, tile_width), shared with the span
+// kernel.
 template <typename T, Method M>
 void dispatch_kernel(const Problem<T>& pr, const T* B) {
-  constexpr int L = kVecBytes / sizeof(T);
-  const int64_t nthreads = std::max(1, at::get_num_threads());
-  // Cost of the slowest thread in point-lanes; a narrower tile must save over 10% to be used.
-  int best_pv = 1;
-  int64_t best_cost = -1;
-  for (int pv : {kWide, 2, 1}) {
-    const int64_t tiles = (pr.b + pv * L - 1) / (pv * L);
-    const int64_t cost = (tiles + nthreads - 1) / nthreads * pv;
-    if (best_cost < 0 || cost * 10 < best_cost * 9) best_cost = cost, best_pv = pv;
-  }
+  const int best_pv = tile_width<T>(pr.b, std::max(1, at::get_num_threads()));
   if (best_pv == kWide) {
     PreimageKernel<T, kWide, kNB, M>::run(pr, B);
   } else if (best_pv == 2) {

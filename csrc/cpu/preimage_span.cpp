@@ -216,26 +216,11 @@ struct SpanKernel {
   }
 };
 
-// Tile widths and the rule picking one: as the direct kernel (preimage.cpp), so every width
-// computes the same bits and a narrower tile only serves to give every thread work.
-constexpr int kNB = 6;
-#if defined(__AVX512F__)
-constexpr int kWide = 4;
-#else
-constexpr int kWide = 2;
-#endif
-
+// Tile widths and the rule picking one: simd.h (kNB, kWide, tile_width), as the direct kernel,
+// so every width computes the same bits and a narrower tile only serves to give every thread work.
 template <typename T, Method M>
 void dispatch_span(const SpanProblem<T>& pr, const T* B) {
-  constexpr int L = kVecBytes / sizeof(T);
-  const int64_t nthreads = std::max(1, at::get_num_threads());
-  int best_pv = 1;
-  int64_t best_cost = -1;
-  for (int pv : {kWide, 2, 1}) {
-    const int64_t tiles = (pr.b + pv * L - 1) / (pv * L);
-    const int64_t cost = (tiles + nthreads - 1) / nthreads * pv;
-    if (best_cost < 0 || cost * 10 < best_cost * 9) best_cost = cost, best_pv = pv;
-  }
+  const int best_pv = tile_width<T>(pr.b, std::max(1, at::get_num_threads()));
   if (best_pv == kWide) {
     SpanKernel<T, kWide, kNB, M>::run(pr, B);
   } else if (best_pv == 2) {
