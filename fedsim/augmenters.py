@@ -279,12 +279,19 @@ class FedMCAugmenter(Augmenter):
                           n_base=p["n_base"], gamma=p["gamma"], seed=seed, epsilon_total=p["epsilon_total"],
                           **self._geometry_params())
         self.receive(res.basis, res.gamma, res.dictionary, n_classes=n_classes)
-        self.spent, self.delta = res.epsilon, res.delta  # per client, both DP releases composed
         # a client without data (None) sends nothing
-        up = sum(nbytes(pr.centers, pr.counts) + l.nbytes() for pr, l in zip(res.prototypes, res.lgds)
-                 if pr is not None)
-        down = len(clients) * (nbytes(self.B) + self.dictionary.nbytes())
-        self.setup_bytes = (up, down)
+        sent = [c for c, pr in enumerate(res.prototypes) if pr is not None]
+        self.account({c: res.prototypes[c] for c in sent}, {c: res.lgds[c] for c in sent}, res.epsilon, res.delta)
+
+    def account(self, prototypes: dict, lgds: dict, spent: list, delta: float) -> None:
+        """What the one-time exchange (``protocol="fixed"``) moved and spent, the same for every
+        engine (this setup and fedsim/flower's server): ``prototypes`` / ``lgds`` map the id of each
+        client that released them to what it sent; ``spent``: each client's composed epsilon (one
+        per client); after ``receive``, whose B and dictionary every client downloads."""
+        self.spent, self.delta = spent, delta
+        up = sum(nbytes(pr.centers, pr.counts) + (lgds[c].nbytes() if c in lgds else 0)
+                 for c, pr in prototypes.items())
+        self.setup_bytes = (up, len(spent) * (nbytes(self.B) + self.dictionary.nbytes()))
 
     def receive(self, B, gamma: float, dictionary, *, n_classes: int) -> None:
         """Client side after the one-time exchange (``protocol="fixed"``): the GAB B (S, D), the

@@ -29,7 +29,6 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from geomkern import fedmc, ggeur
-from geomkern.exchange import nbytes
 
 from .. import runner
 from ..algorithms.base import ClientUpdate
@@ -223,12 +222,9 @@ class FlowerEngine:
             raise RuntimeError(f"{spec.name} seed {seed}: no client's FedMC local geometry was usable")
         dictionary = fedmc.setup_server_fuse([lgds[c] for c in sorted(lgds)], n_entries=p["n_entries"], seed=seed)
         augmenter.receive(B, gamma, dictionary, n_classes=self.ds.n_classes)
-        # as FedMCAugmenter.setup accounts: two DP releases per client that released, bytes of what moved
+        # two DP releases per client that released; bytes as the local setup counts them
         eps = fedmc.spent(augmenter.release_epsilon(), p["delta"], iters=_DP_ITERS, releases=2)
-        augmenter.spent, augmenter.delta = [eps if c in released else 0.0 for c in range(K)], p["delta"]
-        up = sum(nbytes(released[c].centers, released[c].counts) + (lgds[c].nbytes() if c in lgds else 0)
-                 for c in released)
-        augmenter.setup_bytes = (up, K * (nbytes(B) + dictionary.nbytes()))
+        augmenter.account(released, lgds, [eps if c in released else 0.0 for c in range(K)], p["delta"])
         down = ConfigRecord({"gab": gab, "gamma": gamma, "dictionary": dictionary.to_bytes()})
         self._send("query.geometry", {c: {"geometry": down} for c in range(K)}, spec, seed, 0)
 
