@@ -84,7 +84,7 @@ def run_config(args, given: dict):
 
         cfg.model, sizes = parse_model(cfg.model)
         cfg.model_params = {**cfg.model_params, **sizes}
-    apply_run_defaults(cfg, set(given).union(*tables))  # the model's own defaults (models.RUN_DEFAULTS)
+    apply_run_defaults(cfg)  # the model's rounds / batch_size / lr where nothing set them (models.RUN_DEFAULTS)
     if args.algorithms or args.augmenters:
         params = {}  # the preset's / file's [params.PLUGIN] tables also reach the methods the flags name
         for t in tables:
@@ -293,11 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the test set) through its own fixed random rotation of this strength (default 0: none)")
     r.add_argument("--feature-noise", dest="feature_noise", type=float, metavar="STD",
                    help="with it, fixed Gaussian noise of about this norm per row (default 0)")
-    r.add_argument("--rounds", type=int, help="communication rounds (default 30)")
+    r.add_argument("--rounds", type=int, help="communication rounds (default per model: linear 30, mlp 30, prompt 5)")
     r.add_argument("--fraction", type=float, help="fraction of clients sampled per round (default 1)")
     r.add_argument("--epochs", type=int, help="local epochs per round (default 1)")
-    r.add_argument("--batch-size", dest="batch_size", type=int, help="local batch size (default 64)")
-    r.add_argument("--lr", type=float, help="local learning rate (default 0.05)")
+    r.add_argument("--batch-size", dest="batch_size", type=int, help="local batch size (default per model: linear 64, mlp 64, prompt 256)")
+    r.add_argument("--lr", type=float, help="local learning rate (default per model, measured: linear 0.05, mlp 0.5, prompt 0.5)")
     r.add_argument("--model", help="linear (cosine head) | mlp | mlp:WIDTHxDEPTH (e.g. mlp:512x2; FedMP's trunk) | prompt (learnt prompt contexts on the frozen "
                    "MiniLM text tower; own defaults for rounds, batch size, lr: docs/prompt.md) (default linear)")
     r.add_argument("--algorithms", help="comma list, e.g. fedavg,fedprox,scaffold (default fedavg); each one runs "

@@ -113,18 +113,29 @@ from .prompt import PromptHead  # noqa: E402  (prompt learning on a frozen text 
 MODELS = {"linear": CosineHead, "mlp": MLPHead, "personal": PersonalNet, "prompt": PromptHead}
 
 
-# RunConfig values a model runs with where no flag, --preset or --config file sets them (`fedsim run`;
-# RunConfig itself keeps one set of defaults). The prompt head pays a forward and backward pass of
-# the frozen tower over every class prompt per local step, whatever the batch size, so its rounds
-# are few; batch 256 keeps several local steps per client (with one full-batch step per client
-# FedAvg is centralised gradient descent, blind to the partition). Measured: docs/prompt.md.
-RUN_DEFAULTS = {"prompt": {"rounds": 5, "batch_size": 256, "lr": 0.5}}
+# The RunConfig values each model runs with where nothing sets them (RunConfig keeps None for
+# "the model's default", and RunConfig.validate fills them in from here, so the Python API and
+# `fedsim run` agree). linear and mlp: measured on the embedded data, benchmarks/NOTES.md §13
+# "mlp learning rate" (FedAvg, beta 0.1, 30 rounds: the cosine head is flat from lr 0.01 to 0.5 and
+# breaks at 1.0; the mlp reaches 19.6 % at 0.05, 55.8 % at 0.5, 57.5 % at 1.0). The prompt head pays
+# a forward and backward pass of the frozen tower over every class prompt per local step, whatever
+# the batch size, so its rounds are few; batch 256 keeps several local steps per client (with one
+# full-batch step per client FedAvg is centralised gradient descent, blind to the partition).
+# Measured: docs/prompt.md. A model not named here takes the linear head's values.
+RUN_DEFAULTS = {"linear": {"rounds": 30, "batch_size": 64, "lr": 0.05},
+                "mlp": {"rounds": 30, "batch_size": 64, "lr": 0.5},
+                "prompt": {"rounds": 5, "batch_size": 256, "lr": 0.5}}
 
 
-def apply_run_defaults(cfg, explicit) -> dict:
-    """Set ``cfg.model``'s RUN_DEFAULTS on ``cfg`` (a RunConfig) for the fields not in ``explicit``
-    (the fields a flag, preset or config file set). Returns what it set."""
-    changed = {k: v for k, v in RUN_DEFAULTS.get(cfg.model, {}).items() if k not in set(explicit)}
+def run_defaults(model: str) -> dict:
+    """The rounds, batch_size and lr ``model`` runs with where nothing sets them."""
+    return RUN_DEFAULTS.get(model, RUN_DEFAULTS["linear"])
+
+
+def apply_run_defaults(cfg) -> dict:
+    """Fill the fields of ``cfg`` (a RunConfig) that are None with ``cfg.model``'s RUN_DEFAULTS.
+    Returns what it set."""
+    changed = {k: v for k, v in run_defaults(cfg.model).items() if getattr(cfg, k) is None}
     for k, v in changed.items():
         setattr(cfg, k, v)
     return changed

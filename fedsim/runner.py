@@ -30,7 +30,7 @@ from .client import DivergedError, local_train
 from .data import load_dataset
 from .data.partition import feature_shift, partition
 from .metrics import final_report
-from .models import MODELS, build_model, has_trunk
+from .models import MODELS, apply_run_defaults, build_model, has_trunk, run_defaults
 from .prompt import check_prompt_dataset
 
 
@@ -63,10 +63,11 @@ class RunConfig:
     feature_shift: float = 0.0  # per-client rotation strength (partition.feature_shift); 0 = none
     feature_noise: float = 0.0  # norm of the fixed per-row noise of that option
     client_fraction: float = 1.0
-    rounds: int = 30
+    # rounds, batch_size, lr: None = the model's default (models.RUN_DEFAULTS), filled in by validate()
+    rounds: int | None = None
     local_epochs: int = 1
-    batch_size: int = 64
-    lr: float = 0.05
+    batch_size: int | None = None
+    lr: float | None = None
     momentum: float = 0.9
     weight_decay: float = 0.0
     model: str = "linear"
@@ -81,6 +82,7 @@ class RunConfig:
     device: str = "cpu"
 
     def validate(self) -> "RunConfig":
+        apply_run_defaults(self)  # the model's rounds / batch_size / lr where they are None
         check_config(self)  # type, range and finiteness of every value first (_validate_config)
 
         def bad(name, why):
@@ -343,9 +345,10 @@ def _diverged(cfg: RunConfig, spec: MethodSpec, seed: int, r: int, where: str, w
                       "L2-normalises rows by default)")
     if spec.algorithm_params:
         causes.append(f"the algorithm's hyper-parameters {spec.algorithm_params}")
-    if cfg.lr > RunConfig.lr or not causes:
+    default_lr = run_defaults(cfg.model)["lr"]
+    if cfg.lr > default_lr or not causes:
         causes.append(f"the learning rate lr = {cfg.lr:g} is too large for this model and data "
-                      f"(default {RunConfig.lr:g})")
+                      f"(default for model {cfg.model!r}: {default_lr:g})")
     kept = f" (rounds 1-{r} are checkpointed)" if r > 1 else " (round 1 is checkpointed)" if r else ""
     return (f"{spec.name} seed {seed} diverged in round {r + 1}, {where}: {what}. Likely cause: "
             + "; or ".join(causes) + f". results.json is not written{kept}; run again with the fix as a new "
@@ -454,10 +457,6 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
         return run_personal(cfg, out, resume=resume, progress=progress)
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
     _warn_if_not_unit_norm(ds)
-    if cfg.model == "mlp" and cfg.lr == RunConfig.lr:  # measured: benchmarks/NOTES.md, "mlp learning rate"
-        print(f"fedsim: warning: --model mlp at the default lr {RunConfig.lr:g} (the linear head's) is under-trained: "
-              "pass --lr 0.5 (the measurement: benchmarks/NOTES.md, 'mlp learning rate')",
-              file=sys.stderr)
     if cfg.zero_shot and cfg.model != "prompt" and (
             cfg.model != "linear" or ds.class_text is None or ds.class_text.shape[1] != ds.dim):
         raise ValueError("config: zero_shot needs model='linear' and a dataset with class_text embeddings "

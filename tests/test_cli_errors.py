@@ -177,7 +177,7 @@ def test_presets_list_print_and_load(capsys):
         assert main(["presets", name]) == 0
         assert capsys.readouterr().out == presets.text(name)
         cfg = _config_of(["--preset", name]).validate()  # every value of a shipped preset is valid
-        assert cfg != RunConfig()
+        assert cfg != RunConfig().validate()
     rc, err = _run(["presets", "nope"], capsys)
     assert rc == 2 and "fedmc-paper" in err and "ggeur-paper" in err
     g = _config_of(["--preset", "ggeur-paper"])
@@ -244,6 +244,13 @@ def test_help_defaults_agree_with_runconfig():
         m = re.search(r"\(default ([^,;:)]+)", helps[flag])
         if isinstance(value, bool):
             continue  # an on/off flag (--zero-shot): off unless given
+        if value is None:  # the model's default (models.RUN_DEFAULTS): the help states each model's
+            from fedsim.models import RUN_DEFAULTS
+
+            assert "(default per model" in helps[flag], flag
+            for model, d in RUN_DEFAULTS.items():
+                assert f"{model} {d[attr]:g}" in helps[flag], f"{flag}: help lacks {model}'s default {d[attr]}"
+            continue
         assert m, f"{flag}: its help does not state its default ({value!r})"
         stated = m.group(1).strip()
         if isinstance(value, (int, float)):

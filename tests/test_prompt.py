@@ -240,9 +240,13 @@ def test_prompt_run_defaults_fill_only_what_nothing_set(tmp_path):
     from fedsim.models import RUN_DEFAULTS, apply_run_defaults
 
     cfg = RunConfig(model="prompt", rounds=3)
-    assert apply_run_defaults(cfg, {"rounds"}) == {k: v for k, v in RUN_DEFAULTS["prompt"].items() if k != "rounds"}
+    assert apply_run_defaults(cfg) == {k: v for k, v in RUN_DEFAULTS["prompt"].items() if k != "rounds"}
     assert (cfg.rounds, cfg.batch_size, cfg.lr) == (3, RUN_DEFAULTS["prompt"]["batch_size"], RUN_DEFAULTS["prompt"]["lr"])
-    assert apply_run_defaults(RunConfig(), set()) == {}  # the linear head keeps RunConfig's defaults
+    # the Python API gets the model's defaults too (validate fills them in), one set per model
+    for model in ("linear", "mlp", "prompt"):
+        cfg = RunConfig(model=model).validate()
+        assert (cfg.rounds, cfg.batch_size, cfg.lr) == tuple(RUN_DEFAULTS[model][k] for k in ("rounds", "batch_size", "lr"))
+    assert RUN_DEFAULTS["mlp"]["lr"] != RUN_DEFAULTS["linear"]["lr"]  # measured per head: benchmarks/NOTES.md §13
     toml = tmp_path / "c.toml"
     toml.write_text("lr = 0.1\n")
     args = build_parser().parse_args(["run", "--model", "prompt", "--rounds", "3", "--config", str(toml)])
