@@ -199,3 +199,28 @@ def test_rbf_matmul_default_chunking_large(gen):
     out = gk.rbf_matmul(X, Y, V, gamma=0.05)
     ref = rbf_kernel(_np(X), _np(Y), gamma=0.05) @ _np(V)
     assert_close_rel(out, ref, TOL[torch.float64], "rbf_matmul large")
+
+
+def test_small_row_gemm_is_thread_independent(gen):
+    """MKL's float32 GEMM takes a thread-dependent kernel for left operands of 5-11 rows
+    (rbf._MKL_ROWS); geomkern's distances and projections give the same bits at 1 and 2 threads
+    for every row count, and the padded product equals the plain one to roundoff."""
+    from geomkern.ops.kpca import projection_reference
+
+    B = torch.randn(64, 160, generator=gen)
+    before = torch.get_num_threads()
+    try:
+        for m in range(1, 14):
+            X = torch.randn(m, 160, generator=gen)
+            alphas = torch.randn(m, m, generator=gen)  # m components of one cluster: d rows in the projection
+            offsets = torch.tensor([0, m])
+            got = {}
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                got[t] = (rbf_mod._sqdist(X, B), rbf_mod.thread_independent_mm(X, B.T),
+                          projection_reference(X, alphas, offsets, B, 0.01))
+            for a, b in zip(got[1], got[2]):
+                assert torch.equal(a, b), m
+            assert_close_rel(got[1][1], X.double() @ B.T.double(), 1e-5)
+    finally:
+        torch.set_num_threads(before)

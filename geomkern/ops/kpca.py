@@ -15,7 +15,7 @@ import torch
 from .. import _dispatch, _validate
 from ._segments import buckets
 from .eigh import sign_fix, thread_independent
-from .rbf import _sqdist, double_center, double_center_, gram_reference
+from .rbf import _sqdist, double_center, double_center_, gram_reference, thread_independent_mm
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
 # auto: dense for size buckets below DENSE_BELOW_BLOCKS blocks of the Krylov solver, subspace
@@ -384,7 +384,7 @@ def projection_reference(X, alphas, offsets, B, gamma: float, *, precision: str 
         Xj = X[off[j]:off[j + 1]]
         mu = Xj.mean(0)  # distances from the cluster, not the origin: as in the fit (roundoff)
         Kj = _sqdist(Xj - mu, B - mu).mul_(-gamma).exp_()
-        torch.mm(alphas[off[j]:off[j + 1]].T, Kj, out=out[j])
+        out[j] = thread_independent_mm(alphas[off[j]:off[j + 1]].T, Kj)  # d of 5-11 rows: see rbf._MKL_ROWS
     return out
 
 

@@ -14,12 +14,31 @@ from .. import _dispatch, _validate
 _CHUNK_ELEMS = 1 << 24
 
 
+# MKL's float32 GEMM (torch's CPU matmul) gives different bits at 1 and 2 threads when the left
+# operand has 5-11 rows (measured with MKL 2024.2: rows 5, 6, 7, 9, 10, 11, any width and depth;
+# 1-4, 8 and 12+ rows agree), so a K-Means cluster or a KPCA basis of that size made FedMC's
+# results depend on the thread count. Padding such an operand to _MKL_ROWS rows with zeros gives
+# the same bits at any thread count (tests/test_rbf.py::test_small_row_gemm_is_thread_independent).
+_MKL_ROWS = 12
+
+
+def thread_independent_mm(A: torch.Tensor, B: torch.Tensor, *, pad_rows: bool | None = None) -> torch.Tensor:
+    """A @ B with the same bits at any CPU thread count (see _MKL_ROWS)."""
+    if pad_rows is None:
+        pad_rows = A.device.type == "cpu" and A.dtype == torch.float32 and 4 < A.shape[0] < _MKL_ROWS
+    if not pad_rows:
+        return A @ B
+    return (torch.cat([A, A.new_zeros(_MKL_ROWS - A.shape[0], A.shape[1])]) @ B)[:A.shape[0]]
+
+
 def _sqdist(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """Pairwise squared distances via the GEMM expansion, clamped at 0 (roundoff can go negative)."""
     xx = (X * X).sum(1, keepdim=True)
     yy = (Y * Y).sum(1)
     d2 = torch.empty(X.shape[0], Y.shape[0], dtype=X.dtype, device=X.device)
     torch.add(xx, yy, out=d2)
+    if X.device.type == "cpu" and X.dtype == torch.float32 and 4 < X.shape[0] < _MKL_ROWS:
+        return d2.sub_(thread_independent_mm(X, Y.T, pad_rows=True), alpha=2.0).clamp_min_(0.0)
     return d2.addmm_(X, Y.T, alpha=-2.0).clamp_min_(0.0)  # = addmm(xx + yy, ...), one buffer less
 
 
