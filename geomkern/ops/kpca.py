@@ -15,7 +15,7 @@ import torch
 from .. import _dispatch, _validate
 from ._segments import buckets
 from .eigh import sign_fix, thread_independent
-from .rbf import _sqdist, double_center, double_center_, gram_reference, thread_independent_mm
+from .rbf import _MKL_ROWS, _sqdist, double_center, gram_reference, thread_independent_mm
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
 # auto: dense for size buckets below DENSE_BELOW_BLOCKS blocks of the Krylov solver, subspace
@@ -31,6 +31,12 @@ CPU_BUCKET_RATIO = 1.1
 # Stored zero-padded centred Grams of one size bucket above this go matrix-free (the Gram is
 # recomputed by rbf_matmul at every Krylov step instead: ~8x the Gram's flops, O(n k) memory).
 GRAM_BUDGET_BYTES = 2 << 30
+# Rows per block of the upper-triangle Gram (centred_gram_into). Gram + centring + the copy into
+# the bucket of one 1,750-point cluster (D 512, 1 thread, busy machine, minimum of 7 interleaved):
+# the full GEMM then symmetrise, centre and copy 265 ms; upper-triangle blocks straight into the
+# slot 138 ms (128 rows), 144 (256), 147 (384), 171 (512). 256: near the best with half the ops of
+# 128 (at 2 threads on a loaded machine every op pays an OpenMP barrier).
+GRAM_TILE_ROWS = 256
 
 
 @dataclass
@@ -66,12 +72,16 @@ class KPCAFit:
 
 
 def fingerprint(X: torch.Tensor) -> torch.Tensor:
-    """(3,) float64 on X's device: sum, sum of squares and a row-position-weighted sum of X.
-    Any change of a value or of the row order changes it (barring exact cancellation); one pass
-    over X, no host copy."""
+    """(3,) float64 on X's device: sum, sum of squared row norms and a row-position-weighted sum
+    of X. Any change of a value or of the row order changes it (barring exact cancellation); no
+    host copy. Independent of the thread count, so a fit made at one ``torch.set_num_threads``
+    is recognised at another: per-row reductions (split over rows, never within one), then a
+    sequential cumulative sum over the rows (a plain ``sum`` over more than 32,768 elements splits
+    by thread count, and the bits then differ: 200,000 x 64 did at 1 and 2 threads)."""
     rows = X.sum(1, dtype=torch.float64)
+    norms = torch.linalg.vector_norm(X, dim=1, dtype=torch.float64)  # 5x a float64 square-sum here
     pos = torch.arange(1, X.shape[0] + 1, dtype=torch.float64, device=X.device)
-    return torch.stack([rows.sum(), X.square().sum(dtype=torch.float64), (rows * pos).sum()])
+    return torch.stack([rows, norms.square(), rows * pos]).cumsum(1)[:, -1]
 
 
 def dense_top(Kc: torch.Tensor, d: int):
@@ -97,6 +107,35 @@ def krylov_tol(dtype: torch.dtype) -> float:
 
 def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max_depth: int = 8,
                      max_restarts: int = 30):
+    """:func:`_block_krylov_top`; on CPU, everything but ``apply`` on one thread.
+
+    Besides the passes (``apply``, at the caller's thread count) the solver is ~150 small float64
+    ops per call (projections, QR, Rayleigh-Ritz): threaded, each pays an OpenMP barrier (at 2
+    threads on a loaded machine, milliseconds each, §15e), and MKL's GEMMs of 5-11 rows (a block
+    of k = d + 8 <= 11 columns) gave other bits at 1 and 2 threads. On one thread neither happens.
+    """
+    threads = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or threads == 1:
+        return _block_krylov_top(apply, Bsz, n, d, device=device, tol=tol, max_depth=max_depth,
+                                 max_restarts=max_restarts)
+
+    def threaded_apply(Y):
+        torch.set_num_threads(threads)
+        try:
+            return apply(Y)
+        finally:
+            torch.set_num_threads(1)
+
+    torch.set_num_threads(1)
+    try:
+        return _block_krylov_top(threaded_apply, Bsz, n, d, device=device, tol=tol,
+                                 max_depth=max_depth, max_restarts=max_restarts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max_depth: int = 8,
+                      max_restarts: int = 30):
     """Top-d eigenpairs of a batch of symmetric PSD operators (B, n, n) given only ``apply``
     (float64 (B, n, k) -> float64 (B, n, k), the operator times a block).
 
@@ -116,13 +155,20 @@ def block_krylov_top(apply, Bsz: int, n: int, d: int, *, device, tol: float, max
     gen = torch.Generator(device=device).manual_seed(0)
     Y = torch.linalg.qr(torch.randn(Bsz, n, k, generator=gen, dtype=f64, device=device)).Q
     checks = {min(4, depth), min(6, depth), depth}
+    # Rayleigh quotient Q^T K Q, grown by the blocks added since the last check instead of being
+    # recomputed whole: at checks of 64, 96, 128 columns the products shrink to ~55% (§15e).
+    HB = torch.empty(Bsz, depth * k, depth * k, dtype=f64, device=device)
     for _ in range(max_restarts):
+        done = 0  # basis columns whose rows and columns of HB are filled
         for i in range(depth):
             a, b = i * k, (i + 1) * k
             QT[:, a:b] = Y.transpose(1, 2)
             WT[:, a:b] = apply(Y).transpose(1, 2)
             if i + 1 in checks:
-                H = QT[:, :b] @ WT[:, :b].transpose(1, 2)
+                HB[:, :b, done:b] = QT[:, :b] @ WT[:, done:b].transpose(1, 2)
+                HB[:, done:b, :done] = QT[:, done:b] @ WT[:, :done].transpose(1, 2)
+                done = b
+                H = HB[:, :b, :b]
                 with thread_independent(H.device):
                     w, V = torch.linalg.eigh(0.5 * (H + H.transpose(1, 2)))
                 w, V = w.flip(-1), V.flip(-1)
@@ -222,14 +268,45 @@ def centred_grams_reference(X, off: list, bucket: list, gamma: float, *, precisi
         n = off[j + 1] - off[j]
         Kc[t, n:].zero_()
         Kc[t, :n, n:].zero_()
-        Xj = X[off[j]:off[j + 1]]
-        # The RBF kernel is translation invariant; centring first removes the roundoff of the
-        # |x|^2 + |y|^2 - 2<x, y> expansion far from the origin (identical points then give
-        # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
-        K = gram_reference(Xj - Xj.mean(0), None, gamma, False)
-        colmeans.append(K.mean(0))
-        Kc[t, :n, :n] = double_center_(K)  # means over contiguous K
+        colmeans.append(centred_gram_into(Kc[t, :n, :n], X[off[j]:off[j + 1]], gamma))
     return Kc, colmeans
+
+
+def centred_gram_into(out: torch.Tensor, Xj: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Write H K H of one cluster Xj (n, D) into ``out`` (an (n, n) view, e.g. its slot of the
+    padded bucket: no fresh n x n and no copy) and return K's column means (n,).
+
+    K is built from the upper triangle only: block rows of GRAM_TILE_ROWS rows against the columns
+    from their diagonal on (one GEMM each, its clamp, scale and exp while the block is in cache),
+    each block mirrored into the lower triangle. That is about half the full Gram's GEMM flops,
+    and K comes out exactly symmetric with a unit diagonal (as ``gk.rbf_gram``'s symmetric case),
+    so its row means are its column means and one reduction serves the centring.
+    """
+    n = Xj.shape[0]
+    # The RBF kernel is translation invariant; centring first removes the roundoff of the
+    # |x|^2 + |y|^2 - 2<x, y> expansion far from the origin (identical points then give
+    # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
+    Xc = Xj - Xj.mean(0)
+    sq = (Xc * Xc).sum(1)
+    starts = list(range(0, n, GRAM_TILE_ROWS))
+    if len(starts) > 1 and n - starts[-1] < _MKL_ROWS:
+        starts.pop()  # no short last block: MKL's GEMM of 5-11 rows depends on the thread count
+    for a, b in zip(starts, starts[1:] + [n]):
+        blk = out[a:b, a:]
+        torch.add(sq[a:b, None], sq[a:], out=blk)
+        if b - a < _MKL_ROWS:  # a whole cluster of fewer rows
+            blk.sub_(thread_independent_mm(Xc[a:b], Xc[a:].T), alpha=2.0)
+        else:
+            blk.addmm_(Xc[a:b], Xc[a:].T, alpha=-2.0)
+        blk.clamp_min_(0.0).mul_(-gamma).exp_()
+        diag = out[a:b, a:b]
+        diag.diagonal().fill_(1.0)  # exp(0) exactly, whatever the GEMM's roundoff
+        low = diag.T.tril(-1)
+        diag.triu_().add_(low)  # the diagonal block's lower triangle from its upper one
+        out[b:, a:b] = out[a:b, b:].T
+    r = out.mean(1)  # per row: a reduction of n elements, whatever the thread count
+    out.sub_(r).sub_((r - r.mean()).unsqueeze(1))  # K - col means - row means + overall mean
+    return r
 
 
 _dispatch.register("kpca", "reference")(centred_grams_reference)
