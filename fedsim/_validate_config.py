@@ -218,16 +218,18 @@ def _run_fields():
 MODEL_PARAMS = {("linear", "scale"): Real(0, lo_open=True), ("linear", "learn_scale"): Bool(),
                 ("mlp", "hidden"): Int(1), ("mlp", "depth"): Int(1),
                 # the prompt head (fedsim/prompt.py)
-                ("prompt", "n_ctx"): Either(Nothing(), Int(0)), ("prompt", "ctx_init"): Str(),
+                ("prompt", "n_ctx"): Either(Nothing(), Int(0)), ("prompt", "ctx_init"): Either(Nothing(), Str()),
                 ("prompt", "class_text"): Choice("word", "lexnames", "name"), ("prompt", "csc"): Bool(),
                 ("prompt", "scale"): Real(0, lo_open=True), ("prompt", "learn_scale"): Bool(),
-                ("prompt", "tower"): Choice("minilm"), ("prompt", "allow_other_encoder"): Bool()}
+                ("prompt", "tower"): Choice("minilm", "clip"), ("prompt", "allow_other_encoder"): Bool(),
+                ("prompt", "tower_model"): Either(Nothing(), Str()),
+                ("prompt", "tower_pretrained"): Either(Nothing(), Str())}
 
 # algorithm hyper-parameters by name (a name means the same thing in every algorithm that has it)
 ALGORITHM_PARAMS = {
     "mu": Real(0), "alpha": Real(0, lo_open=True), "beta": Real(0), "tau": Real(0, lo_open=True),
     "server_lr": Real(0, lo_open=True), "beta1": Real(0, 1, hi_open=True), "beta2": Real(0, 1, hi_open=True),
-    "lam": Real(0), "global_lr": Real(0, lo_open=True),
+    "lam": Real(0), "global_lr": Real(0, lo_open=True), "correction": Choice("momentum", "step"),
 }
 
 

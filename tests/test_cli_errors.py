@@ -68,6 +68,7 @@ TOML = [
     (_algo("fedprox") + 'mu = "a"', "mu"), (_algo("fedopt") + "server_lr = inf", "server_lr"),
     (_algo("fedopt") + "beta1 = 1.0", "beta1"), (_algo("feddyn") + "alpha = 0", "alpha"),
     (_algo("moon") + "tau = 0", "tau"), (_algo("scaffold") + "global_lr = nan", "global_lr"),
+    (_algo("scaffold") + 'correction = "clip"', "correction"),
     ('[[methods]]\nname = ""', "name"), ("[[methods]]\nname = 5", "name"),
     ('[[methods]]\nname = "m"\nalgorithm = 5', "algorithm"), ('[[methods]]\nname = "m"\naugmenter = "x"', "augmenter"),
     ('[[methods]]\nname = "m"\nalgorithm_params = 3', "algorithm_params"),
