@@ -1,8 +1,8 @@
-"""SCAFFOLD before/after the correction="step" option: test accuracy per round on the embedded data.
+"""SCAFFOLD before/after correction="step": test accuracy per round on the embedded data.
 
-"before" is SCAFFOLD as it was and still is by default (correction="momentum": c - c_i added to the
-gradient, so torch's SGD puts it through the momentum); "after" is correction="step" (the paper's
-plain step lr (c - c_i) beside the optimiser; fedsim/algorithms/scaffold.py). Both are
+"before" is SCAFFOLD as it was until session 5 (correction="momentum": c - c_i added to the
+gradient, so torch's SGD puts it through the momentum); "after" is correction="step", the default
+now (the paper's plain step lr (c - c_i) beside the optimiser; fedsim/algorithms/scaffold.py). Both are
 ``fedsim run --set scaffold.correction=...`` choices; this script runs them on one partition and
 seed and plots them side by side.
 
@@ -10,7 +10,8 @@ seed and plots them side by side.
         --augmenters none,ggeur --rounds 30
 
 writes benchmarks/results/scaffold-before-after.json (per-round accuracy and training loss of
-both, the settings and the command) and docs/scaffold-before-after.png.
+both, the settings and the command) and docs/scaffold-before-after.png; ``--replot`` redraws the
+PNG from an existing JSON without running anything.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def plot(out: dict, path: Path) -> None:
         for variant, style in (("before", dict(color="tab:red", ls="--")), ("after", dict(color="tab:blue"))):
             r = out["runs"][aug][variant]
             acc = [100 * a for a in r["accuracy"]]
-            label = {"before": 'before: correction="momentum" (default)', "after": 'after: correction="step"'}
+            label = {"before": 'before: correction="momentum"', "after": 'after: correction="step" (default)'}
             tag = f" (diverged, round {len(acc) + 1})" if r.get("diverged") else ""
             ax.plot(range(1, len(acc) + 1), acc, label=label[variant] + tag, **style)
         ax.set_title(f"SCAFFOLD{'' if aug == 'none' else '+' + aug.upper()}")
@@ -89,7 +90,13 @@ def main(argv=None) -> None:
     ap.add_argument("--augmenters", default="none,ggeur")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/scaffold-before-after.json")
     ap.add_argument("--png", type=Path, default=ROOT / "docs/scaffold-before-after.png")
+    ap.add_argument("--replot", action="store_true", help="redraw --png from the --json of an earlier run")
     args = ap.parse_args(argv)
+    if args.replot:
+        with atomic_write(args.png) as tmp:
+            plot(json.loads(args.json.read_text()), tmp)
+        print(f"wrote {args.png} from {args.json}")
+        return
     torch.set_num_threads(1)
     augs = [a.strip() for a in args.augmenters.split(",") if a.strip()]
     if not augs:
