@@ -159,6 +159,10 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
             models.append(PersonalNet(c.dim, ds.n_classes, **mp).to(dev))
     embed_dim = models[0].embed[-1].out_features
     group = [algo.group(cid, c.space) for cid, c in enumerate(data)]
+    # a client alone in its group (FedRep: the only client of its feature space) has nobody to
+    # average with: its shared part never leaves it, so nothing is counted (the server-side
+    # "average" of its one update is the update itself, computed as for any group)
+    alone = {g for g in group if group.count(g) == 1}
     personal = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
     shared: dict[str, dict] = {}
     for cid, g in enumerate(group):  # a group's shared weights start as its first member's
@@ -208,7 +212,7 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
                                 upd.loss, upd.extras)
             by_group.setdefault(group[cid], []).append(sent)
             losses.append(upd.loss)
-            if sent.params or sent.extras:
+            if (sent.params or sent.extras) and group[cid] not in alone:
                 up += sent.upload_bytes()
                 down += algo.download_bytes(g)
         for gname, ups in by_group.items():
@@ -223,7 +227,7 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
                          fingerprint=fingerprint, dataset=dataset_sum)
         rounds.set_postfix(acc=f"{history[-1]['accuracy']:.3f}")
     rounds.close()
-    return _metrics(history), timings
+    return {**_metrics(history), **algo.run_report()}, timings
 
 
 def _metrics(history: list[dict]) -> dict:

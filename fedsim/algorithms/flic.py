@@ -24,6 +24,10 @@ from the anchor of each row's class, so the shared representation learns the anc
 Optional (``align_epochs`` > 0, default 0; also the official code's, not the issue's): at its
 first participation a client first fits phi_i to the anchors alone (W2 term only, full batch).
 
+Optional (``max_grad_norm`` > 0, default 0 = off): each local step's gradient is rescaled to at most
+that norm, and the rescaled steps are counted (``clipped_steps`` in results.json): what keeps FLIC
+from diverging at lr 0.2 on wordnet:mixed (docs/flic.md).
+
 Shared: the representation weights and the anchors (C x (d + d^2) numbers). Not shared: phi_i,
 the heads, the raw features and their dimension.
 """
@@ -49,12 +53,18 @@ class FLIC(PersonalAlgorithm):
     shared_prefixes = ("body.",)
     # lam: the W2 term is a sum over d coordinates; lam = 1 made local SGD (lr 0.05, momentum 0.9)
     # diverge within round 0 on the toy problems, 0.1 and 0.01 did not (docs/flic.md)
+    # max_grad_norm: 0 = off (docs/flic.md "Divergence at lr 0.2": a client whose personal head no
+    # longer fits the freshly averaged representation takes a cross-entropy spike, gradient norm
+    # 15-150 against < 5 elsewhere; at lr 0.2 / momentum 0.9 the step inflates phi_i, the W2 mean
+    # term's curvature grows with phi_i's scale and runs away, and the anchor barycentre carries
+    # that client's blown-up class statistics to everyone)
     defaults = {"head_epochs": 1, "lam": 0.1, "ridge": 1e-2, "anchor_scale": 1.0, "anchor_var": 0.1,
-                "anchor_ce": 0.0, "align_epochs": 0}
+                "anchor_ce": 0.0, "align_epochs": 0, "max_grad_norm": 0.0}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)
-        for key, lo in (("lam", 0.0), ("anchor_ce", 0.0), ("ridge", None), ("anchor_scale", None), ("anchor_var", None)):
+        for key, lo in (("lam", 0.0), ("anchor_ce", 0.0), ("max_grad_norm", 0.0), ("ridge", None), ("anchor_scale", None),
+                        ("anchor_var", None)):
             v = self.hp[key]
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
                 (v >= lo if lo is not None else v > 0)
@@ -63,6 +73,7 @@ class FLIC(PersonalAlgorithm):
         self.anchor_means: torch.Tensor | None = None  # (C, d) float64
         self.anchor_covs: torch.Tensor | None = None  # (C, d, d) float64
         self.aligned: set[int] = set()  # clients whose phi_i went through the alignment phase
+        self.clipped = 0  # local steps whose gradient max_grad_norm rescaled (reported, never silent)
         a = self.hp["align_epochs"]
         if isinstance(a, bool) or not isinstance(a, int) or a < 0:
             raise ValueError(f"flic: align_epochs must be an integer >= 0, got {a!r}")
@@ -82,6 +93,18 @@ class FLIC(PersonalAlgorithm):
             key = np.random.SeedSequence([self.seed, ctx.round, ctx.cid, 0xF11C, ctx.steps]).generate_state(1)[0]
             ctx.scratch["anchor_gen"] = torch.Generator(device=ctx.x.device).manual_seed(int(key))
             ctx.scratch["anchor_chol"] = torch.linalg.cholesky(self.anchor_covs)
+
+    def before_step(self, ctx: ClientContext) -> None:
+        """max_grad_norm > 0: rescale the step's gradient (all trainable parameters together) to at
+        most that norm, and count the step (``clipped_steps`` in results.json)."""
+        m = self.hp["max_grad_norm"]
+        if m > 0:
+            params = [p for p in ctx.model.parameters() if p.grad is not None]
+            if float(torch.nn.utils.clip_grad_norm_(params, m)) > m:
+                self.clipped += 1
+
+    def run_report(self) -> dict:
+        return {"clipped_steps": self.clipped} if self.hp["max_grad_norm"] > 0 else {}
 
     def extra_loss(self, ctx: ClientContext, x, y, logits, features):
         terms = [t for t in (self._alignment(ctx, y, features), self._anchor_ce(ctx, y)) if t is not None]
@@ -165,8 +188,10 @@ class FLIC(PersonalAlgorithm):
 
     def state_dict(self) -> dict:
         return {"anchor_means": self.anchor_means, "anchor_covs": self.anchor_covs,
-                "aligned": torch.tensor(sorted(self.aligned), dtype=torch.int64)}
+                "aligned": torch.tensor(sorted(self.aligned), dtype=torch.int64),
+                "clipped": torch.tensor(self.clipped, dtype=torch.int64)}
 
     def load_state_dict(self, state: dict) -> None:
         self.anchor_means, self.anchor_covs = state["anchor_means"], state["anchor_covs"]
         self.aligned = set(state["aligned"].tolist())
+        self.clipped = int(state["clipped"]) if "clipped" in state else 0  # checkpoints before max_grad_norm

@@ -34,6 +34,10 @@ class PersonalAlgorithm(Algorithm):
     def setup(self, *, n_classes: int, embed_dim: int, seed: int, device) -> None:
         """Server state that depends on the problem (FLIC's anchors); called before round 0."""
 
+    def run_report(self) -> dict:
+        """Per-seed counters the algorithm adds to its results.json entry (FLIC: clipped steps)."""
+        return {}
+
 
 @register
 class Local(PersonalAlgorithm):
