@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", dest="batch_size", type=int, help="local batch size (default per model: linear 64, mlp 64, prompt 256)")
     r.add_argument("--lr", type=float, help="local learning rate (default per model, measured: linear 0.05, mlp 0.5, prompt 0.5)")
     r.add_argument("--model", help="linear (cosine head) | mlp | mlp:WIDTHxDEPTH (e.g. mlp:512x2; FedMP's trunk) | prompt (learnt prompt contexts on the frozen "
-                   "MiniLM text tower; own defaults for rounds, batch size, lr: docs/prompt.md) (default linear)")
+                   "MiniLM text tower, or a CLIP model's with model_params tower = \"clip\"; own defaults for rounds, batch size, lr: docs/prompt.md) (default linear)")
     r.add_argument("--algorithms", help="comma list, e.g. fedavg,fedprox,scaffold (default fedavg); each one runs "
                    "with every augmenter of --augmenters, so a bare run is 4 methods: FedAvg, FedAvg+oversample, "
                    "FedAvg+GGEUR, FedAvg+FedMC")

