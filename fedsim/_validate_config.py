@@ -433,6 +433,13 @@ def apply_resume_changes(cfg, changes: dict, out) -> list[str]:
             if value < old:
                 raise ConfigError(f"--resume {out}: {flag} {value} is fewer than the {old} rounds the run "
                                   "was started with; a resumed run can only grow")
+            split = [m.name for m in cfg.methods if m.augmenter == "fedmc"
+                     and m.augmenter_params.get("protocol") == "algorithm1"
+                     and m.augmenter_params.get("epsilon_total") not in (None, math.inf)]
+            if split:
+                raise ConfigError(f"--resume {out}: {flag} {value}: methods {split} split epsilon_total "
+                                  f"(--epsilon-total) over the run's {old} rounds (FedMC algorithm1: one DP release "
+                                  "per round), so more rounds would overspend it; start a new run with another --out")
             setattr(cfg, key, value)
             applied.append(f"{key} {old} -> {value}")
             continue

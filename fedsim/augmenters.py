@@ -10,6 +10,7 @@ its samples alone (``replaces_data``), and keeps what a resumed run needs in ``s
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ class Augmenter:
         self.setup_bytes = (0, 0)
         self.round_bytes = (0, 0)  # (up, down) of the exchange of the current round's begin_round
         self.replaces_data = False  # True: this round's clients train on augment's samples alone
+        # the run's number of rounds, set by the loop before setup (FedMC's algorithm1 splits
+        # epsilon_total over the releases a client can make in them)
+        self.rounds: int | None = None
 
     def setup(self, clients: list[ClientData], *, n_classes: int, seed: int) -> None:
         pass
@@ -92,7 +96,7 @@ class GGEURAugmenter(Augmenter):
 
     def setup(self, clients, *, n_classes, seed):
         self.seed, self.cache = seed, {}
-        self.combine([self.upload(c, n_classes) for c in clients])
+        self.combine([self.held(self.upload(c, n_classes)) for c in clients])
 
     def upload(self, data: ClientData, n_classes: int) -> dict:
         """Client side of the exchange: what one client sends (``combine`` takes one per client):
@@ -105,24 +109,33 @@ class GGEURAugmenter(Augmenter):
             per_domain = [ggeur.local_statistics(data.x[data.d == d], data.y[data.d == d], n_classes) for d in doms]
         return {"stats": ggeur.local_statistics(data.x, data.y, n_classes), "domains": doms, "per_domain": per_domain}
 
+    @staticmethod
+    def held(upload: dict) -> dict:
+        """An ``upload`` as the server keeps it until ``combine``: its statistics as
+        ggeur.HeldStatistics (the held classes' covariances only; the same geometry, bit for bit),
+        so that the server's memory grows with what the clients hold, not with clients x C x D x D."""
+        per = upload["per_domain"]
+        return {**upload, "stats": ggeur.HeldStatistics.from_statistics(upload["stats"]),
+                "per_domain": None if per is None else [ggeur.HeldStatistics.from_statistics(s) for s in per]}
+
     def combine(self, uploads: list[dict]) -> None:
-        """Server side of the exchange, from every client's ``upload``: the global geometry, whether
-        the multi-domain step runs, each client's prototypes of the other domains (``others``) and
-        the bytes moved (``setup_bytes``)."""
-        self.stats = [u["stats"] for u in uploads]
-        self.geometry = ggeur.aggregate(self.stats)
+        """Server side of the exchange, from every client's ``upload`` (or its ``held`` form): the
+        global geometry, whether the multi-domain step runs, each client's prototypes of the other
+        domains (``others``) and the bytes moved (``setup_bytes``)."""
+        stats = [u["stats"] for u in uploads]
+        self.geometry = ggeur.aggregate(stats)
         doms = [u["domains"] for u in uploads]
         use_protos = self.p["prototypes"]
         if use_protos == "auto":  # the multi-domain step, when the data has several domains
             use_protos = len({d for ds in doms if ds for d in ds}) > 1
         self.use_protos = bool(use_protos)
-        up = sum(s.nbytes() for s in self.stats)
+        up = sum(s.nbytes() for s in stats)
         down = len(uploads) * self.geometry.nbytes()
         if self.use_protos:
             if any(ds is None for ds in doms):  # no domain ids: every client is its own domain
-                entries, groups, own = self.stats, list(range(len(uploads))), [[k] for k in range(len(uploads))]
+                entries, groups, own = stats, list(range(len(uploads))), [[k] for k in range(len(uploads))]
             elif all(len(ds) <= 1 for ds in doms):  # one domain per client: its statistics carry the means
-                entries, groups, own = self.stats, [ds[0] if ds else -1 for ds in doms], doms
+                entries, groups, own = stats, [ds[0] if ds else -1 for ds in doms], doms
             else:  # clients holding several domains upload one set of class means per domain they hold
                 entries, groups = [], []
                 for u, ds in zip(uploads, doms):  # a one-domain client's statistics are its domain's
@@ -206,6 +219,11 @@ FEDMC_PROTOCOLS = ("fixed", "algorithm1")
 _DP_ITERS = 5  # noisy Lloyd releases per DP K-Means (fedmc's default)
 
 
+@functools.lru_cache(maxsize=64)  # the accountant is slow to ask (seconds), and every client asks the same
+def _split_epsilon(epsilon_total: float, delta: float, calls: int) -> float:
+    return privacy.split_epsilon(epsilon_total, delta, calls=calls, releases=_DP_ITERS)
+
+
 class FedMCAugmenter(Augmenter):
     """FedMC, in one of two protocols (``protocol``):
 
@@ -222,8 +240,11 @@ class FedMCAugmenter(Augmenter):
     apply). Round 1 has no dictionary yet (D_r exists only after round r's uploads), so its clients
     train on their real data. Bytes: round r counts S_r's LGD uploads and D_{r-1}'s download to
     S_r. Privacy: every participation is one more DP release; a client's epsilon composes its
-    prototypes' release and all of its patch releases (``epsilon_total`` does not apply: the
-    number of releases depends on how often a client is selected).
+    prototypes' release and all of its patch releases. With ``epsilon_total`` every release gets
+    the share of a client that takes part in every round (1 + ``rounds`` releases, one noise
+    multiplier: ``release_epsilon``), so no client spends more than epsilon_total, and one selected
+    less often spends less. The engines share the protocol: ``start_rounds`` and ``round_exchange``
+    (server), ``round_lgd`` and ``receive_round`` (client); ``begin_round`` is them in one process.
 
     ``clip_norm``: None (default) clips nothing at epsilon = inf (plain k-means++ patches); with a
     finite epsilon (or epsilon_total) None means 1.0, the norm of fedsim's L2-normalised rows.
@@ -247,10 +268,6 @@ class FedMCAugmenter(Augmenter):
             # the DP release needs a bound on the row norms; fedsim's embeddings are L2-normalised
             # (fedsim import and embed normalise; the loop warns about rows that are not)
             p["clip_norm"] = 1.0
-        if p["protocol"] == "algorithm1" and p["epsilon_total"] is not None:
-            raise ValueError("augmenter 'fedmc': epsilon_total cannot be split in advance under "
-                             "protocol='algorithm1' (a client releases patches in every round it is selected); "
-                             "give epsilon (per release) instead: results.json reports the composed total")
 
     def _geometry_params(self) -> dict:
         p = self.p
@@ -262,17 +279,11 @@ class FedMCAugmenter(Augmenter):
         self.n_classes = n_classes
         gens = [generator(seed, 0, k, SETUP) for k in range(len(clients))]  # the run's one derivation
         if p["protocol"] == "algorithm1":
-            protos, self.B, self.gamma = fedmc.setup_basis(
+            protos, B, gamma = fedmc.setup_basis(
                 [c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"], n_base=p["n_base"],
-                gamma=p["gamma"], epsilon=p["epsilon"], delta=p["delta"], clip_norm=p["clip_norm"],
+                gamma=p["gamma"], epsilon=self.release_epsilon(), delta=p["delta"], clip_norm=p["clip_norm"],
                 iters=_DP_ITERS, seed=seed)
-            self.seed, self.delta = seed, p["delta"]
-            self.dictionary = self.prepared = self._next = None
-            self.released = [int(pr is not None) for pr in protos]  # DP calls per client so far
-            self._spent = {0: 0.0}  # DP calls -> composed epsilon (the accountant is slow to ask)
-            self.previous = None  # S_{r-1}: what rebuilds D_{r-1} after a resume
-            self.setup_bytes = (sum(nbytes(pr.centers, pr.counts) for pr in protos if pr is not None),
-                                len(clients) * nbytes(self.B))
+            self.start_rounds(protos, B, gamma, seed=seed)
             return
         # the data stays on its device: geomkern's steps return tensors where their inputs are
         res = fedmc.setup([c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"],
@@ -301,35 +312,96 @@ class FedMCAugmenter(Augmenter):
         self.prepared = fedmc.prepare(dictionary, B)
 
     def release_epsilon(self) -> float:
-        """The epsilon of each of a client's two DP releases (``epsilon``, or ``epsilon_total``
-        split between them as fedmc.setup splits it)."""
+        """The epsilon of each of a client's DP releases: ``epsilon``, or ``epsilon_total`` split
+        over the most releases a client can make (``privacy.split_epsilon``: one noise multiplier
+        for all of them): 2 under "fixed" (prototypes, patch centres; as fedmc.setup splits it),
+        1 + ``rounds`` under "algorithm1" (prototypes, then patch centres in every round, as a
+        client selected in every round makes them). Making fewer, a client spends less."""
         p = self.p
         if p["epsilon_total"] is None:
             return p["epsilon"]
-        return privacy.split_epsilon(p["epsilon_total"], p["delta"], calls=2, releases=_DP_ITERS)
+        calls = 2
+        if p["protocol"] == "algorithm1":
+            if self.rounds is None:
+                raise ValueError("augmenter 'fedmc': protocol='algorithm1' with epsilon_total splits the budget "
+                                 "over the run's rounds: set the augmenter's rounds before setup")
+            calls = 1 + self.rounds
+        return _split_epsilon(float(p["epsilon_total"]), float(p["delta"]), calls)
 
-    def _round_geometry(self, r: int, selected, clients):
-        """Round r's LGDs of the clients in ``selected`` and D_r fused from them; nothing else read."""
-        sel = set(selected)
-        return fedmc.setup_geometry([c.x if k in sel else None for k, c in enumerate(clients)], self.B, self.gamma,
-                                    generators=[generator(self.seed, r, k, GEOMETRY) if k in sel else None
-                                                for k in range(len(clients))],
-                                    iters=_DP_ITERS, seed=self.seed, **self._geometry_params())
+    # ---------------------------------------------------------------- protocol="algorithm1"
+    def start_rounds(self, prototypes: list, B, gamma: float, *, seed: int) -> None:
+        """Server side of algorithm1's one-time part, the same for every engine: ``prototypes`` one
+        per client (None: it released none), the GAB ``B`` and ``gamma`` built from them; counts
+        the prototypes up and B down to every client (``setup_bytes``)."""
+        self.B, self.gamma, self.seed, self.delta = B, gamma, seed, self.p["delta"]
+        self.dictionary = self.prepared = self._next = None
+        self.released = [int(pr is not None) for pr in prototypes]  # DP calls per client so far
+        self._spent = {0: 0.0}  # DP calls -> composed epsilon (the accountant is slow to ask)
+        self.previous = None  # S_{r-1}: what rebuilds D_{r-1} after a resume
+        self.setup_bytes = (sum(nbytes(pr.centers, pr.counts) for pr in prototypes if pr is not None),
+                            len(prototypes) * nbytes(B))
+
+    def receive_round(self, B, gamma: float, dictionary, *, n_classes: int, seed: int) -> None:
+        """Client side of an algorithm1 round: the GAB, gamma and the dictionary D_{r-1} to
+        calibrate with (None in round 1: the client trains on its real data)."""
+        self.B, self.gamma, self.seed, self.n_classes = B, gamma, seed, n_classes
+        self._use(dictionary)
+
+    def _use(self, dictionary) -> None:
+        self.dictionary = dictionary
+        self.prepared = None if dictionary is None else fedmc.prepare(dictionary, self.B)
+        self.replaces_data = self.prepared is not None
+
+    def round_lgd(self, cid: int, x: torch.Tensor, round: int):
+        """Client side of algorithm1's round ``round``: client ``cid``'s LGD of its rows ``x`` on the
+        GAB, one DP release at ``release_epsilon`` from its own generator (seed, round, cid), so the
+        same request gives the same LGD; None for a client without rows (it releases nothing)."""
+        if x.shape[0] == 0:
+            return None
+        p = self.p
+        return fedmc.setup_client_geometry(x, self.B, self.gamma, generator(self.seed, round, cid, GEOMETRY),
+                                           n_clusters=p["n_clusters"], n_components=p["n_components"],
+                                           epsilon=self.release_epsilon(), delta=p["delta"],
+                                           clip_norm=p["clip_norm"], iters=_DP_ITERS)
+
+    def rebuild_from(self, round: int) -> list[int] | None:
+        """After a resume: the clients S_{r-1} whose round r-1 LGDs rebuild D_{r-1} (asked again,
+        they repeat the same draws: nothing new is spent); None when nothing needs rebuilding."""
+        return self.previous if round > 0 and self._next is None else None
+
+    def round_exchange(self, round: int, selected, lgds: dict, *, rebuild: dict | None = None,
+                       released=None) -> None:
+        """Server side of algorithm1's round ``round``, the same for every engine: ``lgds`` maps each
+        client of S_r (``selected``) whose LGD is used to it. D_{r-1} becomes the dictionary of this
+        round (``rebuild``: S_{r-1}'s LGDs again, see ``rebuild_from``), D_r is fused from ``lgds``
+        for the next one; the releases (``released``: the clients that sent an LGD, used or
+        rejected; default ``lgds``' clients), S_r and the round's bytes are counted."""
+        if rebuild is not None:
+            self._next = self._fuse(round - 1, rebuild)
+        self._use(self._next)  # D_{r-1}: None in round 0
+        self._next = self._fuse(round, lgds)
+        for k in (lgds if released is None else released):
+            self.released[k] += 1
+        self.previous = [int(k) for k in selected]
+        down = 0 if self.dictionary is None else len(selected) * self.dictionary.nbytes()
+        self.round_bytes = (sum(lgds[k].nbytes() for k in lgds), down)
+
+    def _fuse(self, round: int, lgds: dict):
+        if not lgds:
+            raise ValueError(f"FedMC algorithm1, round {round + 1}: no selected client released an LGD (every "
+                             "one is empty or was left out), so there is no dictionary to fuse")
+        return fedmc.setup_server_fuse([lgds[k] for k in sorted(lgds)], n_entries=self.p["n_entries"], seed=self.seed)
+
+    def _round_lgds(self, round: int, cids, clients) -> dict:
+        lgds = {k: self.round_lgd(k, clients[k].x, round) for k in cids}
+        return {k: g for k, g in lgds.items() if g is not None}
 
     def begin_round(self, round, selected, clients, *, n_classes, seed):
         if self.p["protocol"] != "algorithm1":
             return
-        if round > 0 and self._next is None:  # resumed: rebuild D_{r-1} from (seed, r-1, S_{r-1}); spends nothing new
-            self._next = self._round_geometry(round - 1, self.previous, clients)[1]
-        self.dictionary = self._next  # D_{r-1}: None in round 0
-        self.prepared = None if self.dictionary is None else fedmc.prepare(self.dictionary, self.B)
-        self.replaces_data = self.prepared is not None
-        lgds, self._next = self._round_geometry(round, selected, clients)
-        for k in selected:
-            self.released[k] += lgds[k] is not None
-        self.previous = [int(k) for k in selected]
-        down = 0 if self.dictionary is None else len(selected) * self.dictionary.nbytes()
-        self.round_bytes = (sum(l.nbytes() for l in lgds if l is not None), down)
+        previous = self.rebuild_from(round)
+        self.round_exchange(round, selected, self._round_lgds(round, selected, clients),
+                            rebuild=None if previous is None else self._round_lgds(round - 1, previous, clients))
 
     def state_dict(self) -> dict:
         if self.p["protocol"] != "algorithm1":
@@ -346,7 +418,7 @@ class FedMCAugmenter(Augmenter):
             return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.delta,
                     "releases": 2}
         for n in set(self.released) - set(self._spent):
-            self._spent[n] = fedmc.spent(self.p["epsilon"], self.delta, iters=_DP_ITERS, releases=n)
+            self._spent[n] = fedmc.spent(self.release_epsilon(), self.delta, iters=_DP_ITERS, releases=n)
         eps = [self._spent[n] for n in self.released]
         return {"epsilon_spent": [e if math.isfinite(e) else None for e in eps], "delta": self.delta,
                 "releases": max(self.released), "releases_per_client": list(self.released)}

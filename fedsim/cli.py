@@ -318,9 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--zero-shot", dest="zero_shot", action="store_true", default=None,
                    help="initialise the linear head from the dataset's class-name text embeddings")
     r.add_argument("--epsilon-total", dest="epsilon_total", type=float, metavar="EPS",
-                   help="FedMC's privacy budget per client for both of its DP releases together (split "
-                        "between them; results.json reports what each client spent) instead of the "
-                        "per-release epsilon of its augmenter_params")
+                   help="FedMC's privacy budget per client for all of its DP releases together, split "
+                        "evenly over the most it can make (2 under protocol 'fixed'; 1 + rounds under "
+                        "'algorithm1', one per round it takes part in); results.json reports what each "
+                        "client spent. Instead of the per-release epsilon of its augmenter_params")
     r.add_argument("--engine", choices=("local", "flower"), default="local",
                    help="local: every client in this process (default); flower: Flower's Simulation Engine "
                         "(Ray), one virtual SuperNode per client, the same results (pip install 'geomkern[flower]'; "

@@ -213,7 +213,8 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     """Train ``spec`` for cfg.rounds rounds (continuing from run_dir/checkpoint.pt if present, once
     verified: _checkpoint.load). ``dataset_sum``: ds's checksum if already computed. ``engine``:
     None runs every client here; else an object whose ``setup(augmenter, spec, seed)`` runs the
-    augmenter's exchange and whose ``train(spec, seed, round, selected, global_params, algo)``
+    augmenter's exchange, whose ``begin_round(augmenter, spec, seed, round, selected)`` its per-round
+    exchange (the augmenter's ``begin_round``), and whose ``train(spec, seed, round, selected, global_params, algo)``
     returns each selected client's (ClientUpdate, geometry s, train s) in cid order, the clients
     running elsewhere (fedsim/flower/server_app.py: Flower's SuperNodes).
     Returns (metrics, timings). A non-finite loss or weights raise DivergedError."""
@@ -249,6 +250,7 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
                 **_final_report(model, global_params, x_test, y_test, clients, ds.n_classes)}, timings
 
     augmenter = build_augmenter(spec.augmenter, **spec.augmenter_params)
+    augmenter.rounds = cfg.rounds
     t0 = time.perf_counter()
     if engine is not None:  # the exchange runs between the engine's clients and this server
         engine.setup(augmenter, spec, seed)
@@ -266,7 +268,10 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
         rng = np.random.default_rng([seed, r, 17])
         selected = sorted(rng.choice(K, n_sel, replace=False).tolist())
         t0 = time.perf_counter()
-        augmenter.begin_round(r, selected, clients, n_classes=ds.n_classes, seed=seed)
+        if engine is not None:  # a per-round exchange between the engine's clients and this server
+            engine.begin_round(augmenter, spec, seed, r, selected)
+        else:
+            augmenter.begin_round(r, selected, clients, n_classes=ds.n_classes, seed=seed)
         (up, down), t_geom = augmenter.round_bytes, time.perf_counter() - t0
         updates, t_train = [], 0.0
         if engine is not None:  # the selected clients train elsewhere (fedsim/flower), in cid order
@@ -449,7 +454,7 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
     if engine != "local":
         from .flower.server_app import check_supported
 
-        check_supported(cfg)  # personalised runs, FedMP, FedMC algorithm1: refused by name
+        check_supported(cfg)  # personalised runs, FedMP: refused by name
     if is_personal_run(cfg) and cfg.centralised:
         raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
                           "personalised runs (local, fedrep, flic, toy:NAME datasets) have no such row")

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from . import _random, _validate
-from .exchange import Exchanged
+from .exchange import Exchanged, nbytes
 from .ops.eigh import eigh
-from .ops.moments import class_moments, pool_moments
+from .ops.moments import class_moments, pool_moments, pool_moments_by_class
 
 NOISE_MODES = ("sqrt", "paper")
 # Tolerance of the value checks on received statistics, relative to each matrix's largest entry:
@@ -207,14 +207,57 @@ def local_statistics(X: torch.Tensor, y: torch.Tensor, n_classes: int) -> ClassS
     return ClassStatistics(counts, means, covs)
 
 
+@dataclass(eq=False)
+class HeldStatistics:
+    """A client's ClassStatistics in less memory, for a server that keeps many: counts and means
+    as they are, the covariances of the held classes only (``classes``: those with a nonzero
+    count or a nonzero covariance, ascending; every other class's covariance is zero). Not a
+    container that travels: build it from a received, checked ClassStatistics
+    (``from_statistics``). ``aggregate`` and ``group_prototypes`` take it in place of the
+    ClassStatistics it came from and give the same results, bit for bit.
+    """
+    counts: torch.Tensor
+    means: torch.Tensor
+    classes: torch.Tensor
+    covs: torch.Tensor
+
+    @classmethod
+    def from_statistics(cls, stats: ClassStatistics) -> "HeldStatistics":
+        if not isinstance(stats, ClassStatistics):
+            raise TypeError(f"stats must be a ClassStatistics, got {type(stats).__name__}")
+        nonzero = (stats.counts.to(stats.covs.device) > 0) | (stats.covs != 0).flatten(1).any(1)
+        classes = torch.nonzero(nonzero).squeeze(1)
+        return cls(stats.counts, stats.means, classes, stats.covs[classes])
+
+    @property
+    def n_classes(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.means.shape[1]
+
+    def nbytes(self) -> int:
+        """The size of the ClassStatistics it stands for (what went up), not of this copy."""
+        C, D = self.means.shape
+        return nbytes(self.counts, self.means) + C * D * D * self.means.element_size()
+
+    def class_covariance(self, c: int, out: torch.Tensor) -> None:
+        """Write class c's covariance into ``out`` (D, D), which holds zeros."""
+        j = torch.nonzero(self.classes == c)
+        if j.numel():
+            out.copy_(self.covs[int(j[0, 0])])
+
+
 def _check_stats_list(stats_list) -> tuple[int, int]:
-    """All entries ClassStatistics with client 0's C, D, dtype and device; returns (C, D)."""
-    if isinstance(stats_list, ClassStatistics) or not hasattr(stats_list, "__len__"):
+    """All entries ClassStatistics (or HeldStatistics) with client 0's C, D, dtype and device;
+    returns (C, D)."""
+    if isinstance(stats_list, (ClassStatistics, HeldStatistics)) or not hasattr(stats_list, "__len__"):
         raise TypeError("stats_list must be a list of ClassStatistics (one per client)")
     if len(stats_list) == 0:
         raise ValueError("stats_list is empty; it needs at least one client's statistics")
     for k, s in enumerate(stats_list):
-        if not isinstance(s, ClassStatistics):
+        if not isinstance(s, (ClassStatistics, HeldStatistics)):
             raise TypeError(f"stats_list[{k}] is a {type(s).__name__}, not ClassStatistics; "
                             "rebuild received dicts with ClassStatistics.from_dict(d)")
     s0 = stats_list[0]
@@ -234,8 +277,10 @@ def _check_stats_list(stats_list) -> tuple[int, int]:
 def aggregate(stats_list, *, n_components: int | None = None) -> GlobalGeometry:
     """Server side: pool the clients' statistics exactly (paper Eq. 4) and eigendecompose.
 
-    stats_list: non-empty sequence of ClassStatistics, all with the same C, D, dtype and device.
-    One batched symmetric eigh over all C classes. Eigenvalues are clamped at 0, and those at
+    stats_list: non-empty sequence of ClassStatistics (or HeldStatistics: same result), all with
+    the same C, D, dtype and device. On the CPU the pooling holds one class's (K, D, D) covariances
+    at a time (``pool_moments_by_class``: the numbers of ``pool_moments`` on the stacked
+    statistics, bit for bit). One batched symmetric eigh over all C classes. Eigenvalues are clamped at 0, and those at
     or below the numerical-rank tolerance D * eps * lambda_max of their class (numpy's
     ``matrix_rank`` convention) are set to exactly 0: they are round-off, and sampling with
     sqrt(lambda) would otherwise amplify 1e-16 into 1e-8 of spurious noise per direction off
@@ -247,9 +292,22 @@ def aggregate(stats_list, *, n_components: int | None = None) -> GlobalGeometry:
     K = D if n_components is None else _validate.positive_int("n_components", n_components)
     if K > D:
         raise ValueError(f"n_components={K} is larger than the embedding dimension D={D}")
-    counts, means, covs = pool_moments(torch.stack([s.counts for s in stats_list]),
-                                       torch.stack([s.means for s in stats_list]),
-                                       torch.stack([s.covs for s in stats_list]))
+    counts, means = torch.stack([s.counts for s in stats_list]), torch.stack([s.means for s in stats_list])
+
+    def class_covs(c: int, out: torch.Tensor) -> None:
+        for k, s in enumerate(stats_list):
+            if isinstance(s, HeldStatistics):
+                s.class_covariance(c, out[k])
+            else:
+                out[k] = s.covs[c]
+
+    if means.device.type == "cpu":  # one class's (K, D, D) at a time, pool_moments' bits
+        counts, means, covs = pool_moments_by_class(counts, means, class_covs)
+    else:  # the stacked pooling (its bits on this device's BLAS)
+        covs = means.new_zeros(len(stats_list), C, D, D)
+        for c in range(C):
+            class_covs(c, covs[:, c])
+        counts, means, covs = pool_moments(counts, means, covs)
     # Pooling is symmetric only up to round-off; make it exact so eigh sees a symmetric matrix.
     covs = 0.5 * (covs + covs.mT)
     ev, V = eigh(covs, k=K)

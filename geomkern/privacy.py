@@ -43,9 +43,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-import dp_accounting
 import torch
-from dp_accounting.pld import PLDAccountant
 
 from . import _random, _validate
 from .ops.rbf import _sqdist
@@ -109,15 +107,26 @@ def _generator(g) -> torch.Generator:
 
 # --------------------------------------------------------------------------- accounting
 
-def _accountant() -> PLDAccountant:
-    return PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-                         value_discretization_interval=PLD_DISCRETIZATION)
+def _dp():
+    """dp_accounting, imported at first use: it pulls in scipy.signal and scipy.stats (~2 s of CPU),
+    which every process importing geomkern.fedmc paid before, e.g. a Flower ClientApp process per
+    message."""
+    import dp_accounting
+    import dp_accounting.pld
+
+    return dp_accounting
+
+
+def _accountant():
+    dp = _dp()
+    return dp.pld.PLDAccountant(dp.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                value_discretization_interval=PLD_DISCRETIZATION)
 
 
 @functools.lru_cache(maxsize=1024)
 def _pld_epsilon(z: float, delta: float, releases: int) -> float:
     accountant = _accountant()
-    accountant.compose(dp_accounting.GaussianDpEvent(z), releases)
+    accountant.compose(_dp().GaussianDpEvent(z), releases)
     return float(accountant.get_epsilon(delta))
 
 
@@ -157,9 +166,9 @@ def compose_epsilon(parts, delta: float) -> float:
         r = _validate.positive_int(f"parts[{i}] releases", part[1])
         if z == 0.0:
             return math.inf
-        events.append(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), r))
+        events.append(_dp().SelfComposedDpEvent(_dp().GaussianDpEvent(z), r))
     accountant = _accountant()
-    accountant.compose(dp_accounting.ComposedDpEvent(events))
+    accountant.compose(_dp().ComposedDpEvent(events))
     return float(accountant.get_epsilon(delta))
 
 

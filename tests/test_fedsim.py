@@ -233,7 +233,7 @@ def test_fedmc_augmenter_keeps_data_on_its_device(monkeypatch, blobs):
 
     monkeypatch.setattr(torch.Tensor, "cpu", cpu)
     monkeypatch.setattr(fedmc, "prepare", prepare)
-    aug = build_augmenter("fedmc")
+    aug = build_augmenter("fedmc", protocol="fixed")  # the one-time exchange it checks
     aug.setup(clients, n_classes=ds.n_classes, seed=0)
     for r in range(2):
         for cid, c in enumerate(clients):
@@ -251,7 +251,7 @@ def test_fedmc_setup_draws_from_the_runs_seed_derivation(blobs):
     from fedsim.augmenters import build_augmenter
 
     ds, clients = _blob_clients(blobs)
-    aug = build_augmenter("fedmc")
+    aug = build_augmenter("fedmc", protocol="fixed")  # the one-time exchange it checks
     aug.setup(clients, n_classes=ds.n_classes, seed=3)
     p = aug.p
     ref = fedmc.setup([c.x for c in clients],
@@ -270,7 +270,7 @@ def test_setup_bytes_count_what_is_exchanged(blobs):
     from fedsim.augmenters import build_augmenter
 
     ds, clients = _blob_clients(blobs)
-    aug = build_augmenter("fedmc")
+    aug = build_augmenter("fedmc", protocol="fixed")  # the one-time exchange it checks
     aug.setup(clients, n_classes=ds.n_classes, seed=0)
     down = len(clients) * (aug.B.numel() * aug.B.element_size() + aug.dictionary.nbytes())
     assert aug.setup_bytes[1] == down

@@ -405,7 +405,7 @@ def test_privacy_spent_is_reported_per_method_seed_and_client(tmp_path, blobs, c
                     '[[methods]]\nname = "plain"\n'
                     '[[methods]]\nname = "gg"\naugmenter = "ggeur"\n'
                     '[[methods]]\nname = "mc"\naugmenter = "fedmc"\n'
-                    '[methods.augmenter_params]\nepsilon = 1.0\n')
+                    '[methods.augmenter_params]\nepsilon = 1.0\nprotocol = "fixed"\n')
     assert main(["run", "--config", str(toml), "--out", str(tmp_path / "o"), "--quiet", "--threads", "1"]) == 0
     table = capsys.readouterr().out
     res = json.loads(_text(tmp_path / "o"))["methods"]

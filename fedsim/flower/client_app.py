@@ -9,12 +9,15 @@ client hooks and the augmenter's ``augment``. What the client keeps between mess
   ``<key>.algo``      this client's own algorithm state (SCAFFOLD's c_i, FedDyn's grad_i, MOON's
                       previous model): the ``<slot>/<cid>/<param>`` entries of ``state_dict``
   ``<key>.geometry``  the geometry the server sent (safetensors bytes, checked again when read)
+  ``<key>.ggeur``     GGEUR: what the client keeps of the global geometry (``_kept_geometry``: the
+                      eigenvectors of the classes it samples only; checked again when read)
   ``<key>.setup``     FedMC: the state of the client's set-up generator between its two releases
 
 Message types: ``query.hello`` (partition id), ``query.upload`` (the augmenter's upload: GGEUR
-statistics or FedMC prototypes), ``query.lgd`` (FedMC: the GAB down, the client's LGD up),
-``query.geometry`` (the result down), ``train`` (one round) and ``evaluate`` (the global model on
-the client's own rows).
+statistics or FedMC prototypes), ``query.lgd`` (FedMC: the GAB down, the client's LGD up; under
+``protocol="algorithm1"`` once per round, the round's LGD on the GAB the client kept),
+``query.geometry`` (the result down; algorithm1: the GAB), ``train`` (one round; algorithm1: with
+the dictionary D_{r-1} from round 2 on) and ``evaluate`` (the global model on the client's own rows).
 """
 from __future__ import annotations
 
@@ -91,7 +94,7 @@ def hello(msg: Message, context: Context) -> Message:
 def upload(msg: Message, context: Context) -> Message:
     """The augmenter's upload: GGEUR class statistics (+ domains), FedMC's released prototypes."""
     cfg, spec, seed, _, cid, data, ds, key = _unpack(msg, context)
-    aug = build_augmenter(spec.augmenter, **spec.augmenter_params)
+    aug = _augmenter(cfg, spec)
     out = {}
     if spec.augmenter == "ggeur":
         u = aug.upload(data, ds.n_classes)
@@ -114,9 +117,15 @@ def upload(msg: Message, context: Context) -> Message:
 def lgd(msg: Message, context: Context) -> Message:
     """FedMC step 3: the GAB and gamma down, this client's LGD up (its set-up generator goes on
     from where its prototype release left it, as in fedmc.setup)."""
-    cfg, spec, seed, _, cid, data, ds, key = _unpack(msg, context)
-    aug = build_augmenter(spec.augmenter, **spec.augmenter_params)
+    cfg, spec, seed, r, cid, data, ds, key = _unpack(msg, context)
+    aug = _augmenter(cfg, spec)
     p = aug.p
+    if p["protocol"] == "algorithm1":  # round r's LGD on the GAB kept from query.geometry (none without rows)
+        kept = context.state.config_records[f"{key}.geometry"]
+        B = fedmc.GAB.from_bytes(kept["gab"], source="the server's GAB").basis.to(data.x.device)
+        aug.receive_round(B, float(kept["gamma"]), None, n_classes=ds.n_classes, seed=seed)
+        g = aug.round_lgd(cid, data.x, r)
+        return _reply(msg, upload=ConfigRecord({} if g is None else {"lgd": g.to_bytes()}))
     down = msg.content.config_records["gab"]
     B = fedmc.GAB.from_bytes(down["gab"], source="the server's GAB").basis.to(data.x.device)
     gen = torch.Generator()
@@ -133,23 +142,63 @@ def geometry(msg: Message, context: Context) -> Message:
     """The exchange's result down: checked here (from_bytes), kept in context.state."""
     cfg, spec, seed, _, cid, data, ds, key = _unpack(msg, context)
     down = msg.content.config_records["geometry"]
-    _client_augmenter(spec, down, seed, cid, ds.n_classes, msg.content.array_records.get("others"))
-    context.state[f"{key}.geometry"] = down
+    aug = _client_augmenter(cfg, spec, down, seed, cid, ds.n_classes, msg.content.array_records.get("others"))
+    if spec.augmenter == "ggeur":  # the eigenbases of the classes this client samples, not all C of them
+        context.state[f"{key}.ggeur"] = _kept_geometry(aug, cid, data)
+    else:
+        context.state[f"{key}.geometry"] = down
     if "others" in msg.content.array_records:
         context.state[f"{key}.others"] = msg.content.array_records["others"]
     return _reply(msg, ack=ConfigRecord({"ok": True}))
 
 
-def _client_augmenter(spec, down: ConfigRecord | None, seed: int, cid: int, n_classes: int,
-                      others: ArrayRecord | None = None):
-    """This client's augmenter after the exchange: the same ``augment`` as in the local engine."""
+def _kept_geometry(aug, cid: int, data) -> ArrayRecord:
+    """What a GGEUR client keeps of the global geometry between rounds: every class's count, mean
+    and eigenvalues, and the eigenvectors of the classes it samples only (its rows' classes and, in
+    the multi-domain step, its prototypes' labels). ggeur.augment reads no other class, so the
+    draws are the same bit for bit, and a node keeps held/C of the C x D x D eigenbasis."""
+    g = aug.geometry
+    labels = [data.y] + ([aug.others[cid][1]] if aug.use_protos else [])
+    classes = torch.unique(torch.cat([y.to(g.counts.device, torch.int64) for y in labels]))
+    return codec.arrays({"counts": g.counts, "means": g.means, "eigenvalues": g.eigenvalues, "classes": classes,
+                         "eigenvectors": g.eigenvectors[classes]})
+
+
+def _geometry_from(kept: ArrayRecord) -> ggeur.GlobalGeometry:
+    """The GlobalGeometry ``_kept_geometry`` kept, with the other classes' counts and eigenvectors
+    zero (checked again on construction, as from_bytes checks the geometry on receipt)."""
+    t = codec.tensors(kept)
+    classes, means, ev = t["classes"], t["means"], t["eigenvalues"]
+    counts = torch.zeros_like(t["counts"])
+    counts[classes] = t["counts"][classes]
+    V = means.new_zeros(means.shape[0], means.shape[1], ev.shape[1])
+    V[classes] = t["eigenvectors"]
+    return ggeur.GlobalGeometry(counts, means, ev, V)
+
+
+def _augmenter(cfg, spec):
     aug = build_augmenter(spec.augmenter, **spec.augmenter_params)
+    aug.rounds = cfg.rounds  # as the round loop sets it (FedMC algorithm1 budgets over the rounds)
+    return aug
+
+
+def _client_augmenter(cfg, spec, down: ConfigRecord | None, seed: int, cid: int, n_classes: int,
+                      others: ArrayRecord | None = None, round_dictionary: ConfigRecord | None = None):
+    """This client's augmenter after the exchange: the same ``augment`` as in the local engine.
+    ``round_dictionary``: FedMC algorithm1's D_{r-1}, sent with the train message (None in round 1)."""
+    aug = _augmenter(cfg, spec)
     if spec.augmenter == "ggeur":
-        geo = ggeur.GlobalGeometry.from_bytes(down["geometry"], source="the server's GGEUR geometry")
+        geo = (_geometry_from(down) if isinstance(down, ArrayRecord)
+               else ggeur.GlobalGeometry.from_bytes(down["geometry"], source="the server's GGEUR geometry"))
         o = codec.tensors(others)
         aug.receive(cid, geo, (o["prototypes"], o["labels"]) if o else None, seed=seed)
     elif spec.augmenter == "fedmc":
         B = fedmc.GAB.from_bytes(down["gab"], source="the server's GAB").basis
+        if aug.p["protocol"] == "algorithm1":
+            d = None if round_dictionary is None else fedmc.GeometryDictionary.from_bytes(
+                round_dictionary["dictionary"], source="the server's FedMC dictionary of the previous round")
+            aug.receive_round(B, float(down["gamma"]), d, n_classes=n_classes, seed=seed)
+            return aug
         dictionary = fedmc.GeometryDictionary.from_bytes(down["dictionary"], source="the server's FedMC dictionary")
         aug.receive(B, float(down["gamma"]), dictionary, n_classes=n_classes)
     else:  # nothing exchanged (none, oversample): set up on this client's rows alone
@@ -178,8 +227,11 @@ def train(msg: Message, context: Context) -> Message:
     if f"{key}.algo" in context.state.array_records:
         state.update(codec.tensors(context.state.array_records[f"{key}.algo"], device=dev))
     algo.load_state_dict(state)
-    aug = _client_augmenter(spec, context.state.config_records.get(f"{key}.geometry"), seed, cid, ds.n_classes,
-                            context.state.array_records.get(f"{key}.others"))
+    kept = context.state.array_records.get(f"{key}.ggeur")  # GGEUR: _kept_geometry; else the exchange's records
+    down = kept if kept is not None else context.state.config_records.get(f"{key}.geometry")
+    aug = _client_augmenter(cfg, spec, down, seed, cid, ds.n_classes,
+                            context.state.array_records.get(f"{key}.others"),
+                            msg.content.config_records.get("dictionary"))
     global_params = codec.tensors(msg.content.array_records["global"], device=dev)
     try:
         upd, t_geom, t_train = runner.client_round(cfg, algo, aug, _model(cfg, ds), global_params, data,

@@ -193,12 +193,22 @@ def run_deployment(cfg: runner.RunConfig, out, *, timeout: float = 600.0, round_
             f.close()
 
 
+LS_EVERY = 10.0  # seconds between two `flwr ls` of _wait_run
+
+
 def _wait_run(run_id, out: Path, env, exe, until: float, work: Path) -> str:
-    """Poll until the run's status is finished (or results.json appears); a clear error at the deadline."""
+    """Poll until the run's status is finished (or results.json appears); a clear error at the deadline.
+    results.json is looked for every 0.5 s; ``flwr ls`` (a Python process of ~1.5 s CPU, which
+    competes with the run's own processes) only every LS_EVERY seconds, to see a run that failed."""
     status = "unknown"
+    next_ls = time.monotonic() + LS_EVERY
     while time.monotonic() < until:
         if (out / "results.json").is_file():
             return "finished"
+        if time.monotonic() < next_ls:
+            time.sleep(0.5)
+            continue
+        next_ls = time.monotonic() + LS_EVERY
         try:
             ls = subprocess.run([exe("flwr"), "ls", "local", "--run-id", str(run_id), "--format", "json"], env=env,
                                 cwd=work, capture_output=True, text=True, timeout=30)
@@ -210,6 +220,5 @@ def _wait_run(run_id, out: Path, env, exe, until: float, work: Path) -> str:
                     return status
         except (subprocess.TimeoutExpired, ValueError, AttributeError):
             pass
-        time.sleep(2.0)
     raise RuntimeError(f"the Flower run {run_id} did not finish in time (last status {status}); every Flower "
                        f"process was shut down; see the logs in {work / 'logs'}")

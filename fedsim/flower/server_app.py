@@ -39,6 +39,9 @@ from . import codec
 log = logging.getLogger("fedsim.flower")
 EXCHANGING = ("none", "oversample", "ggeur", "fedmc")  # the augmenters whose exchange is written here
 ROUND_TIMEOUT = 600.0  # seconds a step waits for its replies
+# clients per batch of GGEUR's query.upload / query.geometry messages: the server holds one batch's
+# replies (C x D x D covariances each) at a time, and keeps only their held classes (HeldStatistics)
+EXCHANGE_BATCH = 32
 
 
 def check_supported(cfg) -> None:
@@ -47,9 +50,6 @@ def check_supported(cfg) -> None:
         if m.augmenter not in EXCHANGING:
             raise ValueError(f"--engine flower: methods[{m.name}] uses augmenter {m.augmenter!r}, whose exchange "
                              f"has no Flower messages; it runs {list(EXCHANGING)}")
-        if m.augmenter == "fedmc" and m.augmenter_params.get("protocol", "fixed") != "fixed":
-            raise ValueError(f"--engine flower: methods[{m.name}] uses FedMC protocol "
-                             f"{m.augmenter_params['protocol']!r}; the Flower engine runs protocol 'fixed'")
         from ..algorithms import ALGORITHMS
 
         algo = ALGORITHMS[m.algorithm.lower()]
@@ -67,6 +67,7 @@ class FlowerEngine:
         self.cfg_json = codec.config_json(cfg)
         self.round_timeout = round_timeout
         self.wire = {"up": 0, "down": 0}  # payload bytes of the messages (codec.payload_bytes)
+        self.round_dictionary = None  # FedMC algorithm1: D_{r-1}, sent down with round r's train messages
         self.nodes = self._connect(connect_timeout)
 
     # ------------------------------------------------------------------ messaging
@@ -130,13 +131,14 @@ class FlowerEngine:
     def setup(self, augmenter, spec, seed: int) -> None:
         """The augmenter's one-time exchange through messages; on the server it leaves what the
         local ``setup`` leaves for the round loop (setup_bytes, privacy)."""
+        self.round_dictionary = None
         if spec.augmenter in ("none", "oversample"):  # nothing is exchanged
             augmenter.setup([], n_classes=self.ds.n_classes, seed=seed)
             return
-        replies = self._send("query.upload", {c: {} for c in range(self.cfg.n_clients)}, spec, seed, 0)
         if spec.augmenter == "ggeur":
-            self._setup_ggeur(augmenter, spec, seed, replies)
+            self._setup_ggeur(augmenter, spec, seed)
         else:
+            replies = self._send("query.upload", {c: {} for c in range(self.cfg.n_clients)}, spec, seed, 0)
             self._setup_fedmc(augmenter, spec, seed, replies)
 
     def _ggeur_upload(self, augmenter, rec: ConfigRecord, cid: int) -> dict:
@@ -156,33 +158,61 @@ class FlowerEngine:
                 raise ValueError(f"{src}: a per-domain entry is {s.means.dtype} {tuple(s.means.shape)}")
         return {"stats": stats, "domains": doms, "per_domain": per}
 
-    def _setup_ggeur(self, augmenter, spec, seed: int, replies) -> None:
+    def _setup_ggeur(self, augmenter, spec, seed: int) -> None:
         K, C, D = self.cfg.n_clients, self.ds.n_classes, self.ds.dim
+        batches = [range(lo, min(lo + EXCHANGE_BATCH, K)) for lo in range(0, K, EXCHANGE_BATCH)]
         uploads: dict[int, dict] = {}
-        for cid in range(K):
-            if cid in replies:
-                try:
-                    uploads[cid] = self._ggeur_upload(augmenter, replies[cid].config_records["upload"], cid)
-                except (ValueError, TypeError, KeyError) as exc:
-                    self._reject(spec, seed, cid, "GGEUR statistics", exc)
+        for batch in batches:  # one batch's replies at a time; what stays is their held classes
+            replies = self._send("query.upload", {c: {} for c in batch}, spec, seed, 0)
+            for cid in batch:
+                if cid in replies:
+                    try:
+                        u = self._ggeur_upload(augmenter, replies[cid].config_records["upload"], cid)
+                        uploads[cid] = augmenter.held(u)
+                    except (ValueError, TypeError, KeyError) as exc:
+                        self._reject(spec, seed, cid, "GGEUR statistics", exc)
+            del replies
         if not uploads:
             raise RuntimeError(f"{spec.name} seed {seed}: no client's GGEUR statistics were usable")
         with_domains = any(u["domains"] is not None for u in uploads.values())
         dtype = next(iter(uploads.values()))["stats"].means.dtype
-        empty = {"stats": ggeur.ClassStatistics(torch.zeros(C, dtype=torch.int64), torch.zeros(C, D, dtype=dtype),
-                                                torch.zeros(C, D, D, dtype=dtype)),
+        empty = {"stats": ggeur.HeldStatistics(torch.zeros(C, dtype=torch.int64), torch.zeros(C, D, dtype=dtype),
+                                               torch.zeros(0, dtype=torch.int64), torch.zeros(0, D, D, dtype=dtype)),
                  "domains": [] if with_domains else None, "per_domain": None}
         # a client left out takes part as a client without rows (count 0 everywhere)
         augmenter.seed, augmenter.cache = seed, {}
         augmenter.combine([uploads.get(cid, empty) for cid in range(K)])
+        del uploads
         down = ConfigRecord({"geometry": augmenter.geometry.to_bytes()})
-        contents = {}
-        for cid in range(K):
-            contents[cid] = {"geometry": down}
-            if augmenter.use_protos:
-                P, L = augmenter.others[cid]
-                contents[cid]["others"] = codec.arrays({"prototypes": P, "labels": L})
-        self._send("query.geometry", contents, spec, seed, 0)
+        for batch in batches:
+            contents = {}
+            for cid in batch:
+                contents[cid] = {"geometry": down}
+                if augmenter.use_protos:
+                    P, L = augmenter.others[cid]
+                    contents[cid]["others"] = codec.arrays({"prototypes": P, "labels": L})
+            self._send("query.geometry", contents, spec, seed, 0)
+
+    def _lgds(self, spec, seed: int, replies, B, gamma: float, *, what: str = "FedMC local geometry",
+              optional: bool = False) -> dict:
+        """The FedMC LGDs in ``replies`` (cid -> LocalGeometry), each checked against the GAB; a
+        malformed one is logged and left out; ``optional``: a reply without one (an algorithm1
+        client without rows) is skipped."""
+        D = self.ds.dim
+        lgds: dict[int, fedmc.LocalGeometry] = {}
+        for cid in sorted(replies):
+            rec = replies[cid].config_records.get("upload")
+            if optional and rec is not None and "lgd" not in rec:
+                continue
+            try:
+                g = fedmc.LocalGeometry.from_bytes(rec["lgd"], source=f"client {cid}'s FedMC LGD")
+                if g.centers.shape[1] != D or g.betas.shape[2] != B.shape[0] or g.gamma != gamma:
+                    raise ValueError(f"it has D={g.centers.shape[1]}, S={g.betas.shape[2]}, gamma={g.gamma}; the "
+                                     f"server's GAB has D={D}, S={B.shape[0]}, gamma={gamma}")
+                lgds[cid] = g
+            except (ValueError, TypeError, KeyError) as exc:
+                self._reject(spec, seed, cid, what, exc)
+        return lgds
 
     def _setup_fedmc(self, augmenter, spec, seed: int, replies) -> None:
         K, D = self.cfg.n_clients, self.ds.dim
@@ -205,19 +235,14 @@ class FlowerEngine:
         B, gamma = fedmc.setup_server_basis([released[c].prototypes() for c in sorted(released)], n_base=p["n_base"],
                                             gamma=p["gamma"], seed=seed)
         gab = fedmc.GAB(B).to_bytes()
+        if p["protocol"] == "algorithm1":  # the GAB down to every client; the LGDs follow round by round
+            augmenter.start_rounds([released.get(c) for c in range(K)], B, gamma, seed=seed)
+            down = ConfigRecord({"gab": gab, "gamma": gamma})
+            self._send("query.geometry", {c: {"geometry": down} for c in range(K)}, spec, seed, 0)
+            return
         replies = self._send("query.lgd", {c: {"gab": ConfigRecord({"gab": gab, "gamma": gamma})} for c in released},
                              spec, seed, 0)
-        lgds: dict[int, fedmc.LocalGeometry] = {}
-        for cid in sorted(replies):
-            try:
-                g = fedmc.LocalGeometry.from_bytes(replies[cid].config_records["upload"]["lgd"],
-                                                   source=f"client {cid}'s FedMC LGD")
-                if g.centers.shape[1] != D or g.betas.shape[2] != B.shape[0] or g.gamma != gamma:
-                    raise ValueError(f"it has D={g.centers.shape[1]}, S={g.betas.shape[2]}, gamma={g.gamma}; the "
-                                     f"server's GAB has D={D}, S={B.shape[0]}, gamma={gamma}")
-                lgds[cid] = g
-            except (ValueError, TypeError, KeyError) as exc:
-                self._reject(spec, seed, cid, "FedMC local geometry", exc)
+        lgds = self._lgds(spec, seed, replies, B, gamma)
         if not lgds:
             raise RuntimeError(f"{spec.name} seed {seed}: no client's FedMC local geometry was usable")
         dictionary = fedmc.setup_server_fuse([lgds[c] for c in sorted(lgds)], n_entries=p["n_entries"], seed=seed)
@@ -229,12 +254,36 @@ class FlowerEngine:
         self._send("query.geometry", {c: {"geometry": down} for c in range(K)}, spec, seed, 0)
 
     # ------------------------------------------------------------------ one round
+    def begin_round(self, augmenter, spec, seed: int, r: int, selected: list[int]) -> None:
+        """The augmenter's per-round exchange through messages (FedMC's algorithm1: S_r's LGDs up
+        in ``query.lgd``, D_{r-1} down with the train messages); the server side is the augmenter's
+        own ``round_exchange``, as in the local engine. Nothing for the other augmenters."""
+        if spec.augmenter != "fedmc" or augmenter.p["protocol"] != "algorithm1":
+            return
+        previous = augmenter.rebuild_from(r)
+        rebuild = None if previous is None else self._round_lgds(augmenter, spec, seed, r - 1, previous)[0]
+        lgds, sent = self._round_lgds(augmenter, spec, seed, r, selected)
+        augmenter.round_exchange(r, selected, lgds, rebuild=rebuild, released=sent)
+        d = augmenter.dictionary
+        self.round_dictionary = None if d is None else ConfigRecord({"dictionary": d.to_bytes()})
+
+    def _round_lgds(self, augmenter, spec, seed: int, r: int, cids: list[int]) -> tuple[dict, list[int]]:
+        """Round r's LGDs of ``cids`` (checked), and the clients that sent one, usable or not: each
+        of them made a DP release, which their privacy report counts."""
+        replies = self._send("query.lgd", {c: {} for c in cids}, spec, seed, r)
+        sent = [c for c in sorted(replies) if "lgd" in replies[c].config_records.get("upload", {})]
+        return self._lgds(spec, seed, replies, augmenter.B, augmenter.gamma, what=f"FedMC LGD of round {r + 1}",
+                          optional=True), sent
+
     def train(self, spec, seed: int, r: int, selected: list[int], global_params: dict, algo) -> list:
         algo.download_bytes(global_params)  # SCAFFOLD makes its c at first use, as begin_client does locally
         state = algo.state_dict()
         down_state = codec.arrays({k: v for k, v in state.items() if k.split("/")[0] in algo.download_state})
         weights = codec.arrays(global_params)
-        replies = self._send("train", {c: {"global": weights, "algo": down_state} for c in selected}, spec, seed, r)
+        records = {"global": weights, "algo": down_state}
+        if self.round_dictionary is not None:
+            records["dictionary"] = self.round_dictionary
+        replies = self._send("train", {c: records for c in selected}, spec, seed, r)
         dev = torch.device(self.cfg.device)
         done = []
         for cid in selected:

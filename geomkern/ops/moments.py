@@ -61,11 +61,50 @@ def pool_moments(counts: torch.Tensor, means: torch.Tensor, covs: torch.Tensor):
         raise ValueError("counts contains NaN/Inf")
     if bool((counts < 0).any()):
         raise ValueError("counts must be >= 0")
+    return _pool(counts, means, lambda w: torch.einsum("kc,kcde->cde", w, covs))
+
+
+def _pool(counts: torch.Tensor, means: torch.Tensor, weighted_covs):
+    """pool_moments' arithmetic; ``weighted_covs(w)`` gives sum_k w[k, c] covs[k, c] as (C, D, D)."""
+    C = means.shape[1]
     w = counts.to(device=means.device, dtype=means.dtype)
     total = w.sum(0)  # (C,)
     safe = total.clamp_min(torch.finfo(means.dtype).tiny)
     mu = torch.einsum("kc,kcd->cd", w, means) / safe.unsqueeze(1)
     dev = means - mu.unsqueeze(0)
-    cov = torch.einsum("kc,kcde->cde", w, covs) + torch.einsum("kc,kcd,kce->cde", w, dev, dev)
+    cov = weighted_covs(w) + torch.einsum("kc,kcd,kce->cde", w, dev, dev)
     cov = cov / safe.view(C, 1, 1)
     return counts.sum(0), mu, cov
+
+
+def pool_moments_by_class(counts: torch.Tensor, means: torch.Tensor, class_covs):
+    """pool_moments without the (K, C, D, D) stack of every client's covariances: the same
+    numbers, bit for bit, with one class's (K, D, D) block in memory at a time.
+
+    counts (K, C), means (K, C, D) as in pool_moments; ``class_covs(c, out)`` writes the K
+    clients' covariances of class c into ``out`` (K, D, D), which holds zeros (leave a client
+    without class c at zero). So a server's memory grows with K x D x D, not K x C x D x D.
+
+    Bits: pool_moments' covariance term is a batched product (C, 1, K) @ (C, K, D*D) whose left
+    operand is a strided view of the (K, C) weights; here each class runs the same (1, K) @
+    (K, D*D) product with the same strided row (a per-class einsum lays the weights out otherwise,
+    and the BLAS then sums in another order on some shapes: tests/test_ggeur_memory.py).
+    """
+    means = _validate.tensor("means", means, ndim=3)
+    if not isinstance(counts, torch.Tensor) or counts.shape != means.shape[:2]:
+        raise ValueError(f"counts must be a (K, C) = {tuple(means.shape[:2])} tensor of per-client class counts")
+    if bool((counts < 0).any()):
+        raise ValueError("counts must be >= 0")
+    K, C, D = means.shape
+
+    def weighted_covs(w):
+        out = means.new_empty(C, 1, D * D)  # as the batched product's output
+        block = means.new_empty(K, D, D)
+        left = w.T.unsqueeze(1)  # (C, 1, K), strided as the batched product's left operand
+        for c in range(C):
+            block.zero_()
+            class_covs(c, block)
+            torch.mm(left[c], block.view(K, D * D), out=out[c])
+        return out.view(C, D, D)
+
+    return _pool(counts, means, weighted_covs)
