@@ -69,7 +69,26 @@ _class_text = class_text  # PromptHead's keyword of the same name hides the func
 
 
 # ------------------------------------------------------------------------------ the frozen tower
-class MiniLMTower:
+class _Tower:
+    """What every frozen text tower shares: deep copies return the same object (it never changes),
+    and ``encode`` of whole texts through the tower's ``tokens``, ``word_embeddings`` and
+    ``forward`` (``cls_id`` / ``sep_id`` wrap each sequence: [CLS]/[SEP] or [SOT]/[EOT]; for the
+    CLIP tower that is open_clip's encode_text, normalised)."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+    @torch.no_grad()
+    def encode(self, texts) -> torch.Tensor:
+        """texts -> (n, dim) unit text embeddings (on the tower's device)."""
+        seqs = [[self.cls_id, *self.tokens(t), self.sep_id] for t in texts]
+        L = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [0] * (L - len(s)) for s in seqs], device=self.device)
+        mask = torch.tensor([[True] * len(s) + [False] * (L - len(s)) for s in seqs], device=self.device)
+        return self.forward(self.word_embeddings(ids), mask)
+
+
+class MiniLMTower(_Tower):
     """all-MiniLM-L6-v2 as a frozen function: token ids / input embeddings -> pooled, normalised
     sentence embeddings. Not an ``nn.Module`` on purpose: nothing of it may enter a head's
     parameters or state_dict. Deep copies return the same object (it never changes)."""
@@ -107,9 +126,6 @@ class MiniLMTower:
         self.cls_id = self.tokenizer.token_to_id("[CLS]")
         self.sep_id = self.tokenizer.token_to_id("[SEP]")
 
-    def __deepcopy__(self, memo):
-        return self
-
     def tokens(self, text: str) -> list[int]:
         """Word-piece ids of ``text`` without [CLS]/[SEP]."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -144,17 +160,8 @@ class MiniLMTower:
         pooled = (h * keep).sum(1) / keep.sum(1).clamp(min=1.0)
         return F.normalize(pooled, dim=1)
 
-    @torch.no_grad()
-    def encode(self, texts) -> torch.Tensor:
-        """texts -> (n, dim) sentence embeddings (on the tower's device), as MiniLMEncoder.encode."""
-        seqs = [[self.cls_id, *self.tokens(t), self.sep_id] for t in texts]
-        L = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [0] * (L - len(s)) for s in seqs], device=self.device)
-        mask = torch.tensor([[True] * len(s) + [False] * (L - len(s)) for s in seqs], device=self.device)
-        return self.forward(self.word_embeddings(ids), mask)
 
-
-class CLIPTower:
+class CLIPTower(_Tower):
     """The text tower of an open_clip CLIP model as a frozen function, with MiniLMTower's interface:
     ``[SOT] <tokens> [EOT]`` input embeddings -> the transformer (causal attention) -> ln_final at
     the [EOT] position -> text projection -> L2 norm, which is open_clip's ``encode_text`` followed
@@ -215,9 +222,6 @@ class CLIPTower:
         self.cls_id, self.sep_id = int(tok.sot_token_id), int(tok.eot_token_id)
         self.dim = int(self.encode(["a"]).shape[1])
 
-    def __deepcopy__(self, memo):
-        return self
-
     def tokens(self, text: str) -> list[int]:
         """BPE ids of ``text`` without [SOT]/[EOT] (open_clip's encode cleans and lower-cases it)."""
         return list(self.tokenizer.encode(text))
@@ -241,15 +245,6 @@ class CLIPTower:
         elif self.proj is not None:
             x = x @ self.proj
         return F.normalize(x, dim=1)
-
-    @torch.no_grad()
-    def encode(self, texts) -> torch.Tensor:
-        """texts -> (n, dim) unit text embeddings: open_clip's encode_text of the tokenised texts, normalised."""
-        seqs = [[self.cls_id, *self.tokens(t), self.sep_id] for t in texts]
-        L = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [0] * (L - len(s)) for s in seqs], device=self.device)
-        mask = torch.tensor([[True] * len(s) + [False] * (L - len(s)) for s in seqs], device=self.device)
-        return self.forward(self.word_embeddings(ids), mask)
 
 
 def random_weights_seed(pretrained) -> int | None:

@@ -49,10 +49,8 @@ NOISE_MODES = ("sqrt", "paper")
 VALUE_RTOL = 1e-4
 
 
-class _PerClassTensors(Exchanged):
-    """Shared by the two exchanged containers (:mod:`geomkern.exchange`): one row per class."""
-
-    _FORMAT = "geomkern.ggeur"
+class _ClassRows:
+    """Per-class tensors whose ``means`` is (C, D): one row per class."""
 
     @property
     def n_classes(self) -> int:
@@ -61,6 +59,12 @@ class _PerClassTensors(Exchanged):
     @property
     def dim(self) -> int:
         return self.means.shape[1]
+
+
+class _PerClassTensors(_ClassRows, Exchanged):
+    """Shared by the two exchanged containers (:mod:`geomkern.exchange`): one row per class."""
+
+    _FORMAT = "geomkern.ggeur"
 
 
 @dataclass(eq=False)
@@ -208,7 +212,7 @@ def local_statistics(X: torch.Tensor, y: torch.Tensor, n_classes: int) -> ClassS
 
 
 @dataclass(eq=False)
-class HeldStatistics:
+class HeldStatistics(_ClassRows):
     """A client's ClassStatistics in less memory, for a server that keeps many: counts and means
     as they are, the covariances of the held classes only (``classes``: those with a nonzero
     count or a nonzero covariance, ascending; every other class's covariance is zero). Not a
@@ -228,14 +232,6 @@ class HeldStatistics:
         nonzero = (stats.counts.to(stats.covs.device) > 0) | (stats.covs != 0).flatten(1).any(1)
         classes = torch.nonzero(nonzero).squeeze(1)
         return cls(stats.counts, stats.means, classes, stats.covs[classes])
-
-    @property
-    def n_classes(self) -> int:
-        return self.means.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.means.shape[1]
 
     def nbytes(self) -> int:
         """The size of the ClassStatistics it stands for (what went up), not of this copy."""
