@@ -22,11 +22,14 @@ _CHUNK_ELEMS = 1 << 24
 _MKL_ROWS = 12
 
 
-def thread_independent_mm(A: torch.Tensor, B: torch.Tensor, *, pad_rows: bool | None = None) -> torch.Tensor:
+def _pads(A: torch.Tensor) -> bool:
+    """Whether A, as a GEMM's left operand, takes MKL's thread-dependent kernel (see _MKL_ROWS)."""
+    return A.device.type == "cpu" and A.dtype == torch.float32 and 4 < A.shape[0] < _MKL_ROWS
+
+
+def thread_independent_mm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """A @ B with the same bits at any CPU thread count (see _MKL_ROWS)."""
-    if pad_rows is None:
-        pad_rows = A.device.type == "cpu" and A.dtype == torch.float32 and 4 < A.shape[0] < _MKL_ROWS
-    if not pad_rows:
+    if not _pads(A):
         return A @ B
     return (torch.cat([A, A.new_zeros(_MKL_ROWS - A.shape[0], A.shape[1])]) @ B)[:A.shape[0]]
 
@@ -37,8 +40,8 @@ def _sqdist(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     yy = (Y * Y).sum(1)
     d2 = torch.empty(X.shape[0], Y.shape[0], dtype=X.dtype, device=X.device)
     torch.add(xx, yy, out=d2)
-    if X.device.type == "cpu" and X.dtype == torch.float32 and 4 < X.shape[0] < _MKL_ROWS:
-        return d2.sub_(thread_independent_mm(X, Y.T, pad_rows=True), alpha=2.0).clamp_min_(0.0)
+    if _pads(X):
+        return d2.sub_(thread_independent_mm(X, Y.T), alpha=2.0).clamp_min_(0.0)
     return d2.addmm_(X, Y.T, alpha=-2.0).clamp_min_(0.0)  # = addmm(xx + yy, ...), one buffer less
 
 
