@@ -92,7 +92,9 @@ def sweep_embedded(out: str, *, seeds=(0,), beta: float = 0.1, rounds: int = 30,
     cfg = RunConfig(beta=beta, rounds=rounds)
     ds = load_dataset(cfg.dataset)
     specs = [("FedAvg", MethodSpec("FedAvg")), ("FedAvg+GGEUR", MethodSpec("FedAvg+GGEUR", augmenter="ggeur"))]
-    base = base or {}
+    # the recorded sweeps ran under protocol="fixed" (the default then; n_per_sample and
+    # target_per_class exist only there): that stays their base unless --base names another
+    base = {"protocol": "fixed", **(base or {})}
     for over in [{}] + (EMBEDDED_SWEEP if sweep is None else sweep):
         specs.append((f"FedMC {_label(over)}",
                       MethodSpec("FedAvg+FedMC", augmenter="fedmc", augmenter_params={**base, **over})))

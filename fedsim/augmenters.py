@@ -227,13 +227,8 @@ def _split_epsilon(epsilon_total: float, delta: float, calls: int) -> float:
 class FedMCAugmenter(Augmenter):
     """FedMC, in one of two protocols (``protocol``):
 
-    ``"fixed"`` (default): DP prototypes -> GAB -> local geometry -> fused dictionary, once, from
-    every client; then every round fresh calibrated samples labelled like their source, *added* to
-    the client's real data: by default the same budget as GGEUR (fill each held class up to
-    ``target_per_class``), or ``n_per_sample`` per local sample.
-
-    ``"algorithm1"`` (the paper's Algorithm 1): the GAB once (DP prototypes of every client); in
-    every round r the participating clients S_r release fresh LGDs (their own generators
+    ``"algorithm1"`` (default; the paper's Algorithm 1): the GAB once (DP prototypes of every
+    client); in every round r the participating clients S_r release fresh LGDs (their own generators
     (seed, r, k), so round r's geometry follows from (seed, r, S_r)), the server fuses them into
     D_r, and round r + 1's clients calibrate with D_r. A client trains on its calibrated samples
     only, one x' per x (the paper's D-hat_k; ``target_per_class`` and ``n_per_sample`` do not
@@ -246,6 +241,13 @@ class FedMCAugmenter(Augmenter):
     less often spends less. The engines share the protocol: ``start_rounds`` and ``round_exchange``
     (server), ``round_lgd`` and ``receive_round`` (client); ``begin_round`` is them in one process.
 
+    ``"fixed"``: DP prototypes -> GAB -> local geometry -> fused dictionary, once, from every
+    client; then every round fresh calibrated samples labelled like their source, *added* to the
+    client's real data: by default the same budget as GGEUR (fill each held class up to
+    ``target_per_class``), or ``n_per_sample`` per local sample. It was the default until it
+    measured 0.6-2.1 points below Algorithm 1 at every beta (benchmarks/NOTES.md §16): its added
+    rows cost client drift, and neither protocol's samples beat its matched-compute control.
+
     ``clip_norm``: None (default) clips nothing at epsilon = inf (plain k-means++ patches); with a
     finite epsilon (or epsilon_total) None means 1.0, the norm of fedsim's L2-normalised rows.
     """
@@ -255,7 +257,7 @@ class FedMCAugmenter(Augmenter):
                 "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": None,
                 "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
                 "formulation": "consistent", "steps": None, "anchored": True, "epsilon_total": None,
-                "protocol": "fixed"}
+                "protocol": "algorithm1"}
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -263,6 +265,11 @@ class FedMCAugmenter(Augmenter):
         if p["protocol"] not in FEDMC_PROTOCOLS:
             raise ValueError(f"augmenter 'fedmc': protocol={p['protocol']!r} is not known; choose one of "
                              f"{list(FEDMC_PROTOCOLS)}")
+        budget = sorted(k for k in ("target_per_class", "n_per_sample") if k in params)
+        if p["protocol"] == "algorithm1" and budget:
+            raise ValueError(f"augmenter 'fedmc': {', '.join(budget)} set(s) the added-sample budget of "
+                             "protocol='fixed'; protocol='algorithm1' (the default) trains on one calibrated "
+                             "sample per real row, so it does not apply: set protocol = \"fixed\" as well")
         finite = p["epsilon"] != math.inf or p["epsilon_total"] not in (None, math.inf)
         if finite and p["clip_norm"] is None:
             # the DP release needs a bound on the row norms; fedsim's embeddings are L2-normalised

@@ -152,6 +152,19 @@ def test_algorithm1_round_geometry_comes_from_the_round_clients_only():
     assert a.released == [2, 2, 2, 2]  # prototypes + one patch release each
 
 
+def test_algorithm1_is_the_default_and_refuses_the_fixed_protocols_budget():
+    """Algorithm 1 is the default (it measured above "fixed" at every beta, NOTES §16); the added-
+    sample budget exists only under "fixed", so setting it without that protocol is refused by name
+    rather than ignored."""
+    assert FedMCAugmenter().p["protocol"] == "algorithm1"
+    for knob in (dict(target_per_class=200), dict(n_per_sample=1)):
+        with pytest.raises(ValueError, match=f"{next(iter(knob))}.*protocol = \"fixed\""):
+            FedMCAugmenter(**knob)
+        with pytest.raises(ValueError, match=next(iter(knob))):
+            FedMCAugmenter(protocol="algorithm1", **knob)
+        assert FedMCAugmenter(protocol="fixed", **knob).p["protocol"] == "fixed"
+
+
 @pytest.fixture(scope="module")
 def blobs(tmp_path_factory):
     return save_blobs(tmp_path_factory.mktemp("data") / "blobs.npz", classes=4, dim=8, noise=0.6,
