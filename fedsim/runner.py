@@ -334,7 +334,8 @@ def client_round(cfg: RunConfig, algo, augmenter, model, global_params, client: 
                         global_params={k: v.detach().clone() for k, v in global_params.items()},
                         x=xa.to(c.x.dtype) if augmenter.replaces_data else torch.cat([c.x, xa.to(c.x.dtype)]),
                         y=ya if augmenter.replaces_data else torch.cat([c.y, ya]),
-                        n_real=c.x.shape[0], n_classes=n_classes, lr=cfg.lr)
+                        n_real=c.x.shape[0], n_classes=n_classes, lr=cfg.lr,
+                        x_real=c.x if augmenter.replaces_data else None, y_real=c.y if augmenter.replaces_data else None)
     t0 = time.perf_counter()
     upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
                       weight_decay=cfg.weight_decay, generator=generator(seed, round, cid, TRAIN))

@@ -363,6 +363,46 @@ def test_fedmp_composes_with_augmenters_real_rows_only_in_the_bank(tmp_path, blo
     assert all(0 <= a <= 1 for a in res["methods"]["m"]["seeds"]["0"]["accuracy"])
 
 
+def test_fedmp_bank_takes_the_real_rows_when_the_augmenter_replaces_them(tmp_path, blobs):
+    """Under FedMC's Algorithm 1 a client trains on calibrated rows alone; FedMP's bank and
+    prototypes still hold its real rows (ctx.real()), not the calibrated ones."""
+    algo = build_algorithm("fedmp")
+    model = MLPHead(2, 2, hidden=2)
+    with torch.no_grad():
+        model.fc1.weight.copy_(torch.eye(2))
+        model.fc1.bias.zero_()
+    real = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
+    y = torch.tensor([0, 0, 1])
+    ctx = ClientContext(cid=0, round=0, model=model, global_params=params_of(model), x=real + 5.0, y=y, n_real=3,
+                        n_classes=2, lr=0.1, x_real=real, y_real=y)
+    up = algo.end_client(ctx)
+    torch.testing.assert_close(up["bank_x"], real)  # trunk = ReLU(identity)
+    torch.testing.assert_close(up["proto"], torch.tensor([[2.0, 0.0], [0.0, 2.0]]))
+    # and through the loop: the run's contexts carry the real rows when the augmenter replaces them
+    seen = []
+    orig = type(algo).end_client
+
+    def spy(self, ctx):
+        seen.append((ctx.x.clone(), ctx.real()[0].clone()))
+        return orig(self, ctx)
+
+    from fedsim.algorithms import fedmp as fedmp_mod
+    fedmp_mod.FedMP.end_client, saved = spy, fedmp_mod.FedMP.end_client
+    try:
+        runner.run(_cfg(blobs, [MethodSpec("m", algorithm="fedmp", augmenter="fedmc", augmenter_params=dict(
+            n_prototypes=8, n_base=16, n_clusters=3, n_components=2, n_entries=6))], rounds=2),
+            tmp_path / "o", progress=False)
+    finally:
+        fedmp_mod.FedMP.end_client = saved
+    parts = runner.partition("dirichlet", labels=runner.load_dataset(str(blobs)).y_train, domains=None,
+                             n_clients=4, beta=0.5, seed=0, min_size=5)
+    ds = runner.load_dataset(str(blobs))
+    second = seen[len(seen) // 2:]  # round 2: calibrated rows trained on, real rows in the bank
+    assert len(second) == 4
+    for (x, xr), p in zip(second, parts):
+        assert torch.equal(xr, ds.x_train[p].to(xr.dtype)) and not torch.equal(x, xr)
+
+
 def test_trunk_width_and_depth(tmp_path, blobs):
     from fedsim.models import parse_model
 

@@ -36,6 +36,16 @@ class ClientContext:
     steps: int = 0  # optimiser steps taken (filled in by the loop)
     momentum: float = 0.0  # the local optimiser's heavy-ball momentum (set by the loop)
     scratch: dict = field(default_factory=dict)  # per-update working state of the algorithm
+    # the client's real rows where x does not begin with them (an augmenter that replaces the data,
+    # FedMC's Algorithm 1); None: the first n_real rows of x
+    x_real: torch.Tensor | None = None
+    y_real: torch.Tensor | None = None
+
+    def real(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's real (x, y): what FedMP's bank and prototypes and FLIC's moments are made of."""
+        if self.x_real is not None:
+            return self.x_real, self.y_real
+        return self.x[:self.n_real], self.y[:self.n_real]
 
 
 @dataclass

@@ -209,10 +209,10 @@ class FedMP(Algorithm):
         model = ctx.model
         was_training = model.training
         model.eval()
+        x, y = ctx.real()  # the bank and the prototypes hold real rows only, whatever trained
         with torch.no_grad():
-            h = model.trunk(ctx.x[:ctx.n_real])
+            h = model.trunk(x)
         model.train(was_training)
-        y = ctx.y[:ctx.n_real]
         out: dict[str, torch.Tensor] = {}
         if self.hp["sfmc"]:
             out["bank_x"], out["bank_y"] = h, y.clone()

@@ -119,7 +119,7 @@ class FLIC(PersonalAlgorithm):
         for p in embed.parameters():
             p.requires_grad_(True)
         opt = torch.optim.SGD(embed.parameters(), lr=ctx.lr, momentum=ctx.momentum)
-        x, y = ctx.x[:ctx.n_real], ctx.y[:ctx.n_real]
+        x, y = ctx.real()
         for _ in range(self.hp["align_epochs"]):
             loss = self._alignment(ctx, y, embed(x))
             if loss is None:
@@ -162,10 +162,11 @@ class FLIC(PersonalAlgorithm):
 
     @torch.no_grad()
     def end_client(self, ctx: ClientContext) -> dict[str, torch.Tensor]:
+        x, y = ctx.real()
         ctx.model.eval()
-        z = ctx.model(ctx.x[:ctx.n_real])[1].to(torch.float64)
+        z = ctx.model(x)[1].to(torch.float64)
         ctx.model.train()
-        counts, means, covs = gk.class_moments(z, ctx.y[:ctx.n_real], ctx.n_classes)
+        counts, means, covs = gk.class_moments(z, y, ctx.n_classes)
         # the loss's ridge here too: anchors (barycentres of these) then stay >= ridge * I, which
         # bounds the square root's backward (1 / (s_i + s_j)) when the anchor is the first argument
         covs = covs + self.hp["ridge"] * torch.eye(z.shape[1], dtype=covs.dtype, device=covs.device)
