@@ -16,37 +16,25 @@
 // (packed once per call into the two panel orders the phases read sequentially) streams from
 // L2/L3 while the tile's iterate, W and targets (S x P and D x P) stay in L2. The inner loops
 // use GCC/Clang vector extensions, so they compile to AVX-512, AVX2 or SSE as -march allows.
-#include <ATen/Parallel.h>
-#include <omp.h>
-
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "ops.h"
+#include "preimage.h"
 #include "simd.h"
 
 namespace geomkern {
 namespace {
 
-using namespace simd;  // csrc/cpu/simd.h: vector types, splat, vexp
-
-enum class Method { GD, FixedPoint };
+using namespace simd;      // csrc/cpu/simd.h: vector types, splat, panel_product, run_tiles
+using namespace preimage;  // csrc/cpu/preimage.h: Method, Inputs, run_entry, Panels, weight
 
 template <typename T>
-struct Problem {
-  int64_t b, S, D, steps;
-  T gamma;
-  T tiny;          // fixed point: keep z where |sum w| <= sqrt(finfo.tiny)
-  const T* Z0;     // (b, D)
-  const T* coef;   // (b, S): targets T (gd) or expansion coefficients A (fixed point)
-  const T* lr;     // (b,) gd only
+struct Problem : Inputs<T> {
   const T* Bp1;    // B packed for phase 1: [S/NB blocks][D][NB], zero rows past S
   const T* Bp2;    // B packed for phase 2: [D/NB blocks][S][NB], zero columns past D
   const T* bn;     // (S,) |b_s|^2
-  T* out;          // (b, D)
 };
 
 // Cache-resident work arrays of one thread for one tile of P points, points in the lanes.
@@ -105,23 +93,8 @@ struct PreimageKernel {
       // ---- phase 1: kernel values and weights --------------------------------------------
       for (int v = 0; v < PV; ++v) sw[v] = V{};
       for (int64_t blk = 0; blk < nblk1; ++blk) {
-        const T* __restrict pan = pr.Bp1 + blk * D * NB;
-        V acc[NB][PV];
-#pragma GCC unroll 32
-        for (int i = 0; i < NB; ++i)
-#pragma GCC unroll 8
-          for (int v = 0; v < PV; ++v) acc[i][v] = V{};
-        for (int64_t d = 0; d < D; ++d) {
-          V z[PV];
-#pragma GCC unroll 8
-          for (int v = 0; v < PV; ++v) z[v] = Zt[d * PV + v];
-#pragma GCC unroll 32
-          for (int i = 0; i < NB; ++i) {
-            const V bb = splat<V>(pan[d * NB + i]);
-#pragma GCC unroll 8
-            for (int v = 0; v < PV; ++v) acc[i][v] += bb * z[v];
-          }
-        }
+        V acc[NB][PV] = {};
+        panel_product<T, PV, NB>(pr.Bp1 + blk * D * NB, Zt, D, acc);
         const int64_t s0 = blk * NB;
         const int ni = static_cast<int>(std::min<int64_t>(NB, S - s0));
         V part[PV] = {};
@@ -130,11 +103,8 @@ struct PreimageKernel {
           const V bns = splat<V>(pr.bn[s]);
 #pragma GCC unroll 8
           for (int v = 0; v < PV; ++v) {
-            V d2 = (zn[v] + bns) - T(2) * acc[i][v];
-            d2 = d2 < V{} ? V{} : d2;  // clamp roundoff at 0; NaN passes through
-            const V k = vexp(neg_gamma * d2);
-            const V c = Ct[s * PV + v];
-            const V w = M == Method::GD ? (k - c) * k : c * k;
+            const V d2 = (zn[v] + bns) - T(2) * acc[i][v];
+            const V w = weight<M>(d2, neg_gamma, Ct[s * PV + v]);
             W[s * PV + v] = w;
             part[v] += w;
           }
@@ -153,23 +123,8 @@ struct PreimageKernel {
       }
       V zn_new[PV] = {};
       for (int64_t blk = 0; blk < nblk2; ++blk) {
-        const T* __restrict pan = pr.Bp2 + blk * S * NB;
-        V acc[NB][PV];
-#pragma GCC unroll 32
-        for (int j = 0; j < NB; ++j)
-#pragma GCC unroll 8
-          for (int v = 0; v < PV; ++v) acc[j][v] = V{};
-        for (int64_t s = 0; s < S; ++s) {
-          V w[PV];
-#pragma GCC unroll 8
-          for (int v = 0; v < PV; ++v) w[v] = W[s * PV + v];
-#pragma GCC unroll 32
-          for (int j = 0; j < NB; ++j) {
-            const V bb = splat<V>(pan[s * NB + j]);
-#pragma GCC unroll 8
-            for (int v = 0; v < PV; ++v) acc[j][v] += bb * w[v];
-          }
-        }
+        V acc[NB][PV] = {};
+        panel_product<T, PV, NB>(pr.Bp2 + blk * S * NB, W, S, acc);
         const int64_t d0 = blk * NB;
         const int nj = static_cast<int>(std::min<int64_t>(NB, D - d0));
         V part[PV] = {};
@@ -200,65 +155,25 @@ struct PreimageKernel {
     }
   }
 
-  static void run(Problem<T> pr, const T* B) {
-    const int64_t S = pr.S, D = pr.D;
-    const int64_t nblk1 = (S + NB - 1) / NB, nblk2 = (D + NB - 1) / NB;
-    std::vector<T> Bp1(static_cast<size_t>(nblk1 * D * NB), T(0));
-    std::vector<T> Bp2(static_cast<size_t>(nblk2 * S * NB), T(0));
+  static void run(const Inputs<T>& in) {
+    const int64_t S = in.S, D = in.D;
+    const Panels<T, NB> bp(in.B, S, D, in.nthreads);
     std::vector<T> bn(static_cast<size_t>(S));
-    const int nt = std::max(1, at::get_num_threads());
-#pragma omp parallel num_threads(nt)
-    {
-#pragma omp for schedule(static) nowait
-      for (int64_t s = 0; s < S; ++s) {
-        const T* row = B + s * D;
-        T* dst = Bp1.data() + (s / NB) * D * NB + s % NB;
-        double acc = 0;  // |b|^2 once per call: accumulate in double
-        for (int64_t d = 0; d < D; ++d) {
-          acc += double(row[d]) * double(row[d]);
-          dst[d * NB] = row[d];
-        }
-        bn[s] = T(acc);
-      }
-#pragma omp for schedule(static)
-      for (int64_t blk = 0; blk < nblk2; ++blk) {
-        const int64_t d0 = blk * NB, nj = std::min<int64_t>(NB, D - d0);
-        T* dst = Bp2.data() + blk * S * NB;
-        for (int64_t s = 0; s < S; ++s)
-          for (int64_t j = 0; j < nj; ++j) dst[s * NB + j] = B[s * D + d0 + j];
-      }
+#pragma omp parallel for schedule(static) num_threads(in.nthreads)
+    for (int64_t s = 0; s < S; ++s) {
+      const T* row = in.B + s * D;
+      double acc = 0;  // |b|^2 once per call: accumulate in double
+      for (int64_t d = 0; d < D; ++d) acc += double(row[d]) * double(row[d]);
+      bn[s] = T(acc);
     }
-    pr.Bp1 = Bp1.data();
-    pr.Bp2 = Bp2.data();
-    pr.bn = bn.data();
-
-    const int64_t ntiles = (pr.b + P - 1) / P;
-    const int nthreads = static_cast<int>(std::min<int64_t>(nt, ntiles));
-    // Allocated here, not inside the parallel region, so a failed allocation throws normally.
-    const int64_t per_thread = TileScratch<V>::size(S, D, PV);
-    std::vector<V> scratch(static_cast<size_t>(per_thread * nthreads), V{});
-#pragma omp parallel num_threads(nthreads)
-    {
-      TileScratch<V> sc(scratch.data() + per_thread * omp_get_thread_num(), S, D, PV);
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < ntiles; ++t) run_tile(pr, t * P, sc);
-    }
+    const Problem<T> pr{in, bp.rows.data(), bp.cols.data(), bn.data()};
+    run_tiles<V>((in.b + P - 1) / P, in.nthreads, TileScratch<V>::size(S, D, PV),
+                 [&](int64_t t, V* mine) {
+                   TileScratch<V> sc(mine, S, D, PV);
+                   run_tile(pr, t * P, sc);
+                 });
   }
 };
-
-// Register blocks and the tile-width rule: simd.h (kNB, kWide, tile_width), shared with the span
-// kernel.
-template <typename T, Method M>
-void dispatch_kernel(const Problem<T>& pr, const T* B) {
-  const int best_pv = tile_width<T>(pr.b, std::max(1, at::get_num_threads()));
-  if (best_pv == kWide) {
-    PreimageKernel<T, kWide, kNB, M>::run(pr, B);
-  } else if (best_pv == 2) {
-    PreimageKernel<T, 2, kNB, M>::run(pr, B);
-  } else {
-    PreimageKernel<T, 1, kNB, M>::run(pr, B);
-  }
-}
 
 }  // namespace
 
@@ -280,47 +195,16 @@ void check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tenso
                     C.sizes());
 }
 
-at::Tensor preimage_gd_cpu(const at::Tensor& Z0_, const at::Tensor& B_, const at::Tensor& T_,
-                           double gamma, int64_t steps, const at::Tensor& lr_) {
-  check_preimage_inputs("preimage_gd", Z0_, B_, T_, "T");
-  TORCH_CHECK_VALUE(steps >= 0, "preimage_gd: steps must be >= 0, got ", steps);
-  TORCH_CHECK_VALUE(gamma > 0, "preimage_gd: gamma must be > 0, got ", gamma);
-  TORCH_CHECK_TYPE(lr_.scalar_type() == Z0_.scalar_type(), "preimage_gd: lr must have Z0's dtype");
-  TORCH_CHECK_VALUE(lr_.device().is_cpu() && lr_.dim() == 1 && lr_.size(0) == Z0_.size(0),
-                    "preimage_gd: lr must be a CPU tensor of shape (b,) = (", Z0_.size(0),
-                    ",), got ", lr_.sizes());
-  auto Z0 = Z0_.contiguous(), B = B_.contiguous(), T = T_.contiguous(), lr = lr_.contiguous();
-  auto out = at::empty_like(Z0);
-  if (Z0.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(Z0.scalar_type(), "preimage_gd_cpu", [&] {
-    Problem<scalar_t> pr{};
-    pr.b = Z0.size(0); pr.S = B.size(0); pr.D = B.size(1); pr.steps = steps;
-    pr.gamma = static_cast<scalar_t>(gamma);
-    pr.Z0 = Z0.data_ptr<scalar_t>(); pr.coef = T.data_ptr<scalar_t>();
-    pr.lr = lr.data_ptr<scalar_t>(); pr.out = out.data_ptr<scalar_t>();
-    dispatch_kernel<scalar_t, Method::GD>(pr, B.data_ptr<scalar_t>());
-  });
-  return out;
+// The entry points: preimage.h's run_entry (argument checks, tile width) with this kernel.
+at::Tensor preimage_gd_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
+                           double gamma, int64_t steps, const at::Tensor& lr) {
+  return run_entry<Method::GD, PreimageKernel>("preimage_gd", Z0, B, T, gamma, steps, &lr);
 }
 
-at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0_, const at::Tensor& B_,
-                                    const at::Tensor& A_, double gamma, int64_t steps) {
-  check_preimage_inputs("preimage_fixed_point", Z0_, B_, A_, "A");
-  TORCH_CHECK_VALUE(steps >= 0, "preimage_fixed_point: steps must be >= 0, got ", steps);
-  TORCH_CHECK_VALUE(gamma > 0, "preimage_fixed_point: gamma must be > 0, got ", gamma);
-  auto Z0 = Z0_.contiguous(), B = B_.contiguous(), A = A_.contiguous();
-  auto out = at::empty_like(Z0);
-  if (Z0.numel() == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(Z0.scalar_type(), "preimage_fixed_point_cpu", [&] {
-    Problem<scalar_t> pr{};
-    pr.b = Z0.size(0); pr.S = B.size(0); pr.D = B.size(1); pr.steps = steps;
-    pr.gamma = static_cast<scalar_t>(gamma);
-    pr.tiny = std::sqrt(std::numeric_limits<scalar_t>::min());
-    pr.Z0 = Z0.data_ptr<scalar_t>(); pr.coef = A.data_ptr<scalar_t>();
-    pr.out = out.data_ptr<scalar_t>();
-    dispatch_kernel<scalar_t, Method::FixedPoint>(pr, B.data_ptr<scalar_t>());
-  });
-  return out;
+at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& A,
+                                    double gamma, int64_t steps) {
+  return run_entry<Method::FixedPoint, PreimageKernel>("preimage_fixed_point", Z0, B, A, gamma,
+                                                       steps, nullptr);
 }
 
 }  // namespace geomkern

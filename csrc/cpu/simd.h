@@ -2,7 +2,12 @@
 // wide as -march allows, a broadcast, an exp accurate to ~1 ulp, and the register-blocked
 // panel product every kernel's inner loop is.
 #pragma once
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 namespace geomkern {
 namespace simd {
@@ -136,6 +141,37 @@ inline int tile_width(int64_t b, int64_t nthreads) {
     if (best_cost < 0 || cost * 10 < best_cost * 9) best_cost = cost, best_pv = pv;
   }
   return best_pv;
+}
+
+// Calls f(std::integral_constant<int, PV>{}) with the tile width tile_width<T>(b, nthreads)
+// picks, so a kernel templated on PV is instantiated for each width and run with the chosen one:
+//   dispatch_width<T>(b, nt, [&](auto pv) { Kernel<T, decltype(pv)::value>::run(...); });
+template <typename T, typename F>
+inline void dispatch_width(int64_t b, int64_t nthreads, F&& f) {
+  const int pv = tile_width<T>(b, nthreads);
+  if (pv == kWide) {
+    f(std::integral_constant<int, kWide>{});
+  } else if (pv == 2) {
+    f(std::integral_constant<int, 2>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+// The tile loop of the pre-image kernels: body(t, scratch) for every tile t < ntiles, tiles handed
+// out one at a time (schedule(dynamic, 1)) to min(nt, ntiles) threads, each with its own
+// per_thread vectors of zeroed scratch. Which thread runs a tile does not change its result.
+template <typename V, typename Body>
+inline void run_tiles(int64_t ntiles, int nt, int64_t per_thread, Body&& body) {
+  const int nthreads = static_cast<int>(std::min<int64_t>(nt, ntiles));
+  // Allocated here, not inside the parallel region, so a failed allocation throws normally.
+  std::vector<V> scratch(static_cast<size_t>(per_thread * nthreads), V{});
+#pragma omp parallel num_threads(nthreads)
+  {
+    V* mine = scratch.data() + per_thread * omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntiles; ++t) body(t, mine);
+  }
 }
 
 }  // namespace simd
