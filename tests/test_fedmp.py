@@ -66,12 +66,18 @@ def _update(cid, proto, count, bank_x=None, bank_y=None):
     return ClientUpdate(cid=cid, params={"w": torch.zeros(1)}, n_samples=1, loss=0.0, extras=extras)
 
 
-def test_algorithm_keeps_local_and_global_ema_across_rounds():
-    algo = build_algorithm("fedmp_cpgma", local_momentum=0.5, global_momentum=0.75)
+def _identity_trunk() -> MLPHead:
+    """An MLP head whose trunk is ReLU(identity) on 2-D inputs: its features are the inputs."""
     model = MLPHead(2, 2, hidden=2)
     with torch.no_grad():
         model.fc1.weight.copy_(torch.eye(2))
         model.fc1.bias.zero_()
+    return model
+
+
+def test_algorithm_keeps_local_and_global_ema_across_rounds():
+    algo = build_algorithm("fedmp_cpgma", local_momentum=0.5, global_momentum=0.75)
+    model = _identity_trunk()
     x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
     y = torch.tensor([0, 0, 1])
 
@@ -363,14 +369,11 @@ def test_fedmp_composes_with_augmenters_real_rows_only_in_the_bank(tmp_path, blo
     assert all(0 <= a <= 1 for a in res["methods"]["m"]["seeds"]["0"]["accuracy"])
 
 
-def test_fedmp_bank_takes_the_real_rows_when_the_augmenter_replaces_them(tmp_path, blobs):
+def test_fedmp_bank_takes_the_real_rows_when_the_augmenter_replaces_them(tmp_path, blobs, monkeypatch):
     """Under FedMC's Algorithm 1 a client trains on calibrated rows alone; FedMP's bank and
     prototypes still hold its real rows (ctx.real()), not the calibrated ones."""
     algo = build_algorithm("fedmp")
-    model = MLPHead(2, 2, hidden=2)
-    with torch.no_grad():
-        model.fc1.weight.copy_(torch.eye(2))
-        model.fc1.bias.zero_()
+    model = _identity_trunk()
     real = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
     y = torch.tensor([0, 0, 1])
     ctx = ClientContext(cid=0, round=0, model=model, global_params=params_of(model), x=real + 5.0, y=y, n_real=3,
@@ -386,14 +389,10 @@ def test_fedmp_bank_takes_the_real_rows_when_the_augmenter_replaces_them(tmp_pat
         seen.append((ctx.x.clone(), ctx.real()[0].clone()))
         return orig(self, ctx)
 
-    from fedsim.algorithms import fedmp as fedmp_mod
-    fedmp_mod.FedMP.end_client, saved = spy, fedmp_mod.FedMP.end_client
-    try:
-        runner.run(_cfg(blobs, [MethodSpec("m", algorithm="fedmp", augmenter="fedmc", augmenter_params=dict(
-            n_prototypes=8, n_base=16, n_clusters=3, n_components=2, n_entries=6))], rounds=2),
-            tmp_path / "o", progress=False)
-    finally:
-        fedmp_mod.FedMP.end_client = saved
+    monkeypatch.setattr(type(algo), "end_client", spy)
+    runner.run(_cfg(blobs, [MethodSpec("m", algorithm="fedmp", augmenter="fedmc", augmenter_params=dict(
+        n_prototypes=8, n_base=16, n_clusters=3, n_components=2, n_entries=6))], rounds=2),
+        tmp_path / "o", progress=False)
     parts = runner.partition("dirichlet", labels=runner.load_dataset(str(blobs)).y_train, domains=None,
                              n_clients=4, beta=0.5, seed=0, min_size=5)
     ds = runner.load_dataset(str(blobs))
