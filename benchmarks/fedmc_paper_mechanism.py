@@ -68,7 +68,12 @@ def geometry(args) -> dict:
     g_hat = _unit(X.mean(0, keepdim=True))[0]
     mu_hat = _unit(torch.stack([X[Y == c].mean(0) for c in range(ds.n_classes)]))
     out = {"beta": args.beta, "seed": seed, "round": r, "rows": {}}
-    for name, change in VARIANTS.items():
+    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"--variants: {unknown} unknown; choose from {list(VARIANTS)}")
+    for name in names:
+        change = VARIANTS[name]
         params = {"protocol": "algorithm1"} if change is None else {**PRESET, **change}
         aug = build_augmenter("fedmc", **params)
         aug.rounds = cfg.rounds
@@ -146,6 +151,7 @@ def main(argv=None) -> None:
     ap.add_argument("what", choices=["geometry", "controls"])
     ap.add_argument("--beta", type=float, default=0.1)
     ap.add_argument("--round", type=int, default=3, help="geometry: the Algorithm-1 round whose samples are measured")
+    ap.add_argument("--variants", help="geometry: comma-separated names of VARIANTS (default: all)")
     ap.add_argument("--keep", type=float, help="controls: mimic's probability of keeping a row")
     ap.add_argument("--common", type=float, help="controls: mimic's probability of the common point")
     ap.add_argument("--mimic-only", action="store_true", help="controls: FedAvg and mimic only (not the preset)")
