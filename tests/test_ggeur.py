@@ -557,16 +557,19 @@ def test_group_prototypes_pool_each_group_and_leave_out_excluded(seed):
     clients = _clients(rng, C=C, D=D, sizes=_sizes(rng, 5, C))
     groups = [2, 0, 2, 1, 0]
     stats = _stats(clients, C, torch.float64)
-    P, L, G = ggeur.group_prototypes(stats, groups, exclude={1})
-    want = []
-    for g in (0, 2):
-        X = np.concatenate([X for (X, _), h in zip(clients, groups) if h == g])
-        y = np.concatenate([y for (_, y), h in zip(clients, groups) if h == g])
-        want += [(g, c, X[y == c].mean(0)) for c in range(C) if (y == c).any()]
-    assert G.tolist() == [g for g, _, _ in want] and L.tolist() == [c for _, c, _ in want]
-    np.testing.assert_allclose(P.numpy(), np.stack([m for _, _, m in want]), rtol=1e-12, atol=1e-12)
-    P_all, _, G_all = ggeur.group_prototypes(stats, groups)
-    assert set(G_all.tolist()) == {0, 1, 2} and P_all.shape[0] >= P.shape[0]
+    def expected(kept):  # (group, class, pooled mean) of every class a kept group holds
+        want = []
+        for g in kept:
+            X = np.concatenate([X for (X, _), h in zip(clients, groups) if h == g])
+            y = np.concatenate([y for (_, y), h in zip(clients, groups) if h == g])
+            want += [(g, c, X[y == c].mean(0)) for c in range(C) if (y == c).any()]
+        return want
+
+    for exclude, kept in (({1}, (0, 2)), (set(), (0, 1, 2))):
+        P, L, G = ggeur.group_prototypes(stats, groups, exclude=exclude)
+        want = expected(kept)  # a group whose clients hold no rows (random sizes) has none
+        assert G.tolist() == [g for g, _, _ in want] and L.tolist() == [c for _, c, _ in want]
+        np.testing.assert_allclose(P.numpy(), np.stack([m for _, _, m in want]), rtol=1e-12, atol=1e-12)
     empty = ggeur.group_prototypes(stats, groups, exclude={0, 1, 2})
     assert [t.shape[0] for t in empty] == [0, 0, 0]
     with pytest.raises(ValueError, match="groups has 2 entries"):
