@@ -205,25 +205,33 @@ def test_native_lloyd_stops_each_set_on_its_own():
     assert int(passes[1]) >= 2
 
 
-def _total_inertia(X, off, labels, centres):
+def _set_inertias(X, off, labels, centres) -> np.ndarray:
     o = off.tolist()
-    return sum(float(((X[o[j]:o[j + 1]] - centres[j][labels[o[j]:o[j + 1]]]) ** 2).sum())
-               for j in range(len(o) - 1))
+    return np.array([float(((X[o[j]:o[j + 1]] - centres[j][labels[o[j]:o[j + 1]]]) ** 2).sum())
+                     for j in range(len(o) - 1)])
 
 
-def test_native_kmeans_as_good_as_reference():
+def test_native_kmeans_as_good_as_reference(seed):
     """gk.kmeans on the native backend draws its own k-means++ starts: over 40 ragged sets of
-    blobs its total inertia is within 2% of the reference's (the same algorithm)."""
-    rng = np.random.default_rng(secrets.randbits(31))
+    blobs and 4 start seeds it lands in a poor local optimum (inertia > 2% above the best any run
+    found for that set) no more often than the reference (the same algorithm), give or take 4 of
+    160 runs, and its median total inertia over the seeds is within 2% of the reference's. (A
+    bound on the mean total over 3 seeds failed once, on correct code: one poor optimum in one set
+    added 16%.)"""
+    rng = np.random.default_rng(seed)
     sizes = [int(n) for n in rng.integers(12, 90, 40)]
     X, off = _ragged_sets(sizes, 6, int(rng.integers(2 ** 31)), torch.float64, k=4)
     ours, ref = [], []
-    for seed in range(3):
+    for s in range(4):
         with gk.set_backend("reference"):
-            ref.append(_total_inertia(X, off, *gk.kmeans(X, 4, offsets=off, seed=seed)))
+            ref.append(_set_inertias(X, off, *gk.kmeans(X, 4, offsets=off, seed=s)))
         with gk.set_backend("native"):
-            ours.append(_total_inertia(X, off, *gk.kmeans(X, 4, offsets=off, seed=seed)))
-    assert np.mean(ours) <= 1.02 * np.mean(ref), (ours, ref)
+            ours.append(_set_inertias(X, off, *gk.kmeans(X, 4, offsets=off, seed=s)))
+    ours, ref = np.stack(ours), np.stack(ref)  # (seeds, sets)
+    best = np.minimum(ours.min(0), ref.min(0))
+    poor_ours, poor_ref = int((ours > 1.02 * best).sum()), int((ref > 1.02 * best).sum())
+    assert poor_ours <= poor_ref + 4, (poor_ours, poor_ref)
+    assert np.median(ours.sum(1)) <= 1.02 * np.median(ref.sum(1)), (ours.sum(1), ref.sum(1))
 
 
 def test_native_kmeanspp_seeded_and_thread_independent():
