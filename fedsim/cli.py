@@ -304,8 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "with every augmenter of --augmenters, so a bare run is 4 methods: FedAvg, FedAvg+oversample, "
                    "FedAvg+GGEUR, FedAvg+FedMC")
     r.add_argument("--augmenters", help="comma list of none,oversample,ggeur,fedmc (default all four; none for "
-                   "the personalised algorithms local, fedrep, flic; oversample is the matched-compute control: "
-                   "the augmenters' budget of extra local steps spent on copies of real samples)")
+                   "the personalised algorithms local, fedrep, flic; oversample is GGEUR's matched-compute control: "
+                   "its budget of extra local steps spent on copies of real samples; FedMC's default "
+                   "protocol trains on one calibrated sample per real row, so its control is FedAvg itself)")
     r.add_argument("--seed", type=int, help="first seed (default 0)")
     r.add_argument("--seeds", type=int, help="number of seeds; tables show mean ± std (default 1)")
     r.add_argument("--device", help="cpu | cuda (default cpu)")

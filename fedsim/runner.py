@@ -44,7 +44,8 @@ class MethodSpec:
 
 
 def default_methods() -> list[MethodSpec]:
-    # FedAvg+oversample: the matched-compute control of the two augmenters (docs/design.md note 9)
+    # the matched-compute controls (docs/design.md note 9): FedAvg+oversample for GGEUR (extra rows),
+    # FedAvg itself for FedMC under its default Algorithm 1 (one calibrated row per real row)
     return [MethodSpec("FedAvg"), MethodSpec("FedAvg+oversample", augmenter="oversample"),
             MethodSpec("FedAvg+GGEUR", augmenter="ggeur"), MethodSpec("FedAvg+FedMC", augmenter="fedmc")]
 
