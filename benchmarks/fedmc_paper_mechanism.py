@@ -78,7 +78,7 @@ def geometry(args) -> dict:
         aug = build_augmenter("fedmc", **params)
         aug.rounds = cfg.rounds
         aug.setup(clients, n_classes=ds.n_classes, seed=seed)
-        for rr in range(1, r + 1):
+        for rr in range(r + 1):  # as the round loop: 0-based; round r trains with D_{r-1}
             aug.begin_round(rr, list(range(len(clients))), clients, n_classes=ds.n_classes, seed=seed)
         xa, xs, ys = [], [], []
         for cid, c in enumerate(clients):

@@ -362,8 +362,7 @@ def test_fedmp_composes_with_augmenters_real_rows_only_in_the_bank(tmp_path, blo
                rounds=2)
     res = runner.run(cfg, tmp_path / "o", progress=False)
     state = torch.load(tmp_path / "o" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)["algorithm"]
-    parts = runner.partition(cfg.partition, labels=runner.load_dataset(cfg.dataset).y_train, domains=None,
-                             n_clients=4, beta=cfg.beta, seed=0, min_size=cfg.min_size)
+    parts = runner.make_partition(cfg, runner.load_dataset(cfg.dataset), 0)
     for cid, p in enumerate(parts):  # the bank holds each client's real rows, never the augmented ones
         assert state[f"bank/{cid}/x"].shape == (len(p), 16) and state[f"local/{cid}/proto"].shape == (5, 16)
     assert all(0 <= a <= 1 for a in res["methods"]["m"]["seeds"]["0"]["accuracy"])
@@ -390,12 +389,11 @@ def test_fedmp_bank_takes_the_real_rows_when_the_augmenter_replaces_them(tmp_pat
         return orig(self, ctx)
 
     monkeypatch.setattr(type(algo), "end_client", spy)
-    runner.run(_cfg(blobs, [MethodSpec("m", algorithm="fedmp", augmenter="fedmc", augmenter_params=dict(
-        n_prototypes=8, n_base=16, n_clusters=3, n_components=2, n_entries=6))], rounds=2),
-        tmp_path / "o", progress=False)
-    parts = runner.partition("dirichlet", labels=runner.load_dataset(str(blobs)).y_train, domains=None,
-                             n_clients=4, beta=0.5, seed=0, min_size=5)
+    cfg = _cfg(blobs, [MethodSpec("m", algorithm="fedmp", augmenter="fedmc", augmenter_params=dict(
+        n_prototypes=8, n_base=16, n_clusters=3, n_components=2, n_entries=6))], rounds=2)
+    runner.run(cfg, tmp_path / "o", progress=False)
     ds = runner.load_dataset(str(blobs))
+    parts = runner.make_partition(cfg, ds, 0)
     second = seen[len(seen) // 2:]  # round 2: calibrated rows trained on, real rows in the bank
     assert len(second) == 4
     for (x, xr), p in zip(second, parts):
