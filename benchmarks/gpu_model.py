@@ -39,6 +39,27 @@ Constants (H100 SXM5, datasheet unless said otherwise)
 - LAUNCH_US = 2 us per launch (launch latency and the ramp-up / drain of the grid). ASSUMPTION;
   it only matters for the small kernels.
 
+Achieved fractions (``predicted_us``; ``roofline_us`` stays at the datasheet peaks)
+----------------------------------------------------------------------------------
+- Tensor-core pipes (HGMMA, HMMA, DMMA): TENSOR_FRACTION = 0.807, measured on this workplace's
+  H100 (tool library, device/KINDS.md, 2026-11-13): an 8192^3 bf16 GEMM through PyTorch ran at
+  798 TF/s against 989 TF/s dense peak. A GEMM-like fraction: what a tuned kernel gets.
+- HBM: HBM_FRACTION = 0.896, the same machine's device-to-device copy, 3.0 TB/s (read + write)
+  against 3.35 TB/s.
+- FP32, FP64, ALU, MUFU, shared memory, issue, L2: 1.0 of the figures above (no measurement of
+  them here; the L2 figure is already an assumption taken at the low end).
+
+Two predictions per launch
+--------------------------
+- ``predicted_us`` (efficient): the hot loop's other instructions overlap the tensor-core work
+  (step 1 below: the loop's time is the maximum of its pipes' cycles), each pipe at its fraction.
+- ``predicted_worst_us`` (no overlap): where the hot loop waits for its wgmma groups to finish
+  (``WARPGROUP.DEPBAR.LE gsb0, 0x0``: nothing left in flight), a K step costs the tensor-core
+  cycles PLUS the cycles of its other instructions (the largest of their pipes' cycles), as if
+  no warp issued anything while the tensor cores ran. A loop whose waits leave a group in flight
+  (``0x1``: Triton's pipelined GEMM) overlaps by construction, and keeps the efficient figure.
+  The truth lies between the two on a GPU; ``--measure`` says where.
+
 How a launch is modelled
 ------------------------
 1. The hot loop: in the SASS, every backward branch closes a loop; the innermost loop holding the
@@ -102,6 +123,8 @@ MUFU_PER_S = MUFU_PER_CLK_SM * SMS * CLOCK_HZ
 ISSUE_PER_CLK_SM = 4
 SMEM_WAVEFRONTS_PER_CLK_SM = 1
 LAUNCH_US = 2.0
+TENSOR_FRACTION = 798.0 / 989.0   # bf16 GEMM measured on this workplace's H100 (module docstring)
+HBM_FRACTION = 3.0 / 3.35         # device-to-device copy measured there
 
 REGS_PER_SM = 65536
 REG_UNIT_PER_WARP = 256
@@ -276,8 +299,11 @@ class LoopMix:
     mufu: int = 0
     wavefronts: int = 0
     local: int = 0                 # LDL/STL: local memory (spills, or a dynamically indexed array)
+    waits: int = 0                 # WARPGROUP.DEPBAR: waits on wgmma groups
+    full_waits: int = 0            # ... of them with nothing left in flight (pendings 0)
     cycles: dict = field(default_factory=dict)
     efficiency: float = 1.0
+    worst_efficiency: float = 1.0  # no overlap of full waits with the other instructions
     bound: str = ""
 
 
@@ -308,6 +334,9 @@ def loop_mix(instrs: list[Instr], pipe: str) -> LoopMix:
         mix.mufu += base == "MUFU"
         mix.wavefronts += _wavefronts(i.op)
         mix.local += base in ("LDL", "STL")
+        if i.op.startswith("WARPGROUP.DEPBAR"):
+            mix.waits += 1
+            mix.full_waits += bool(re.search(r"gsb\d+,\s*0x0\b", i.operands))
     rate = _per_sm_clk(PIPE_FLOPS[pipe])
     dot_cycles = mix.macs / rate
     mix.cycles = {
@@ -322,6 +351,13 @@ def loop_mix(instrs: list[Instr], pipe: str) -> LoopMix:
     worst = max(mix.cycles, key=mix.cycles.get)
     mix.bound = worst
     mix.efficiency = dot_cycles / mix.cycles[worst] if mix.cycles[worst] > 0 else 1.0
+    mix.worst_efficiency = mix.efficiency
+    if tensor and mix.full_waits and dot_cycles > 0:
+        # the K step's other instructions: issue counts every instruction but the tensor ones
+        n_tc = sum(1 for i in body if i.op.split(".")[0] in TENSOR_OPS)
+        other = dict(mix.cycles, issue=(mix.instructions - n_tc) / ISSUE_PER_CLK_SM)
+        other.pop("dot")
+        mix.worst_efficiency = dot_cycles / (dot_cycles + max(other.values()))
     return mix
 
 
@@ -388,7 +424,9 @@ def predict(work: Work, pipe: str, loop_efficiency: float, exp_redundancy: float
             dtype: str = "float32", passes: int = 1) -> dict:
     """The model's time of one launch (see the module docstring) and its components, in us.
     ``passes``: tensor-core products per nominal multiply-add (``dot_passes``)."""
-    dot_rate_sm = PIPE_FLOPS[pipe] * max(loop_efficiency, 1e-3) / SMS / passes
+    tensor = pipe.startswith(("hgmma", "hmma", "dmma"))
+    dot_rate_sm = (PIPE_FLOPS[pipe] * (TENSOR_FRACTION if tensor else 1.0)
+                   * max(loop_efficiency, 1e-3) / SMS / passes)
     l2_rate_sm = L2_BYTES_S / SMS
     mufu_rate_sm = MUFU_PER_S / SMS
     # float64 exp is a DFMA polynomial: its cost is inside the loop mix, not on MUFU
@@ -399,7 +437,7 @@ def predict(work: Work, pipe: str, loop_efficiency: float, exp_redundancy: float
     per_prog = [max(a, b, c) for a, b, c in zip(t_dot, t_l2, t_exp)]
     balanced = sum(per_prog) / SMS
     makespan = _makespan([t for t in per_prog if t > 0])
-    t_hbm = work.hbm_bytes / HBM_BYTES_S
+    t_hbm = work.hbm_bytes / (HBM_BYTES_S * HBM_FRACTION)
     body = max(makespan, t_hbm)
     us = 1e6
     return {

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,8 @@ def _load(name: str, path: Path):
 gm = _load("gpu_model", ROOT / "benchmarks" / "gpu_model.py")
 
 TARGET = ("cuda", 90, 32)
-MODEL_LABEL = "model (benchmarks/gpu_model.py, H100 SXM datasheet rates): compiled for sm_90, not run"
+MODEL_LABEL = ("model (benchmarks/gpu_model.py: H100 SXM datasheet rates, tensor cores and HBM at the "
+               "fractions measured on this workplace's H100): compiled for sm_90, not run")
 STEPS = 100
 
 
@@ -251,15 +253,17 @@ def _alloc(real: bool, device: str):
     def make(shape, dtype, kind="rows"):
         if not real:
             return torch.empty(shape, dtype=dtype, device=device)
-        g = torch.Generator(device=device).manual_seed(hash((shape, kind)) % 2**31)
-        t = torch.randn(shape, dtype=dtype, device=device, generator=g)
+        # drawn in float64 from a seed of (shape, kind) alone: a case's float32 and float64
+        # inputs are the same numbers (the accuracy check compares the two)
+        g = torch.Generator(device=device).manual_seed(zlib.crc32(repr((shape, kind)).encode()))
+        t = torch.randn(shape, dtype=torch.float64, device=device, generator=g)
         if kind == "rows":
-            return t / t.norm(dim=-1, keepdim=True)
-        if kind == "positive":
-            return t.abs() / shape[-1]
-        if kind == "small":
-            return 0.1 * t
-        return t
+            t = t / t.norm(dim=-1, keepdim=True)
+        elif kind == "positive":
+            t = t.abs() / shape[-1]
+        elif kind == "small":
+            t = 0.1 * t
+        return t.to(dtype)
     return make
 
 
@@ -612,6 +616,8 @@ def _record(kernel: str, backend: str, case: str, op: str, dtype: str, precision
     if work is not None:
         pred = gm.predict(work, pipe, mix.efficiency, red if red else 1.0, dtype,
                           gm.dot_passes(precision, pipe))
+        worst = gm.predict(work, pipe, mix.worst_efficiency, red if red else 1.0, dtype,
+                           gm.dot_passes(precision, pipe))["predicted_us"]
         roof = gm.roofline(op_min["flops"], op_min["bytes"], op_min["exps"], dtype)
         model = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in pred.items()
                  if k != "predicted_us"} | {"roofline_bound": roof["roofline_bound"],
@@ -622,7 +628,7 @@ def _record(kernel: str, backend: str, case: str, op: str, dtype: str, precision
         if work.note:
             model["note"] = work.note
     else:  # a kernel this report has no work function for (yet): compiled, not modelled
-        pred = {"predicted_us": None}
+        pred, worst = {"predicted_us": None}, None
         roof = {"roofline_us": None, "roofline_tf32_us": None}
         model = {"error": op_min.get("error", "no work function")}
 
@@ -641,22 +647,46 @@ def _record(kernel: str, backend: str, case: str, op: str, dtype: str, precision
         "has_dot": bool(has_dot), "dot_pipe": pipe if has_dot else None,
         "hot_loop": {"instructions": mix.instructions, "macs_per_warp": mix.macs,
                      "local_memory_ops": mix.local, "shared_wavefronts": mix.wavefronts,
-                     "mufu": mix.mufu, "efficiency": round(mix.efficiency, 4), "bound": mix.bound},
+                     "mufu": mix.mufu, "efficiency": round(mix.efficiency, 4),
+                     "worst_efficiency": round(mix.worst_efficiency, 4), "bound": mix.bound,
+                     "wgmma_waits": mix.waits, "wgmma_full_waits": mix.full_waits},
         "hot_loop_spill": mix.local > 0,
         "local_memory_ops": sum(1 for i in instrs if i.op.split(".")[0] in ("LDL", "STL")),
         "exp_redundancy": round(red, 3),
-        "predicted_us": r2(pred["predicted_us"]), "roofline_us": r2(roof["roofline_us"]),
+        "predicted_us": r2(pred["predicted_us"]), "predicted_worst_us": r2(worst),
+        "roofline_us": r2(roof["roofline_us"]),
         "roofline_tf32_us": r2(roof["roofline_tf32_us"]),
         "ratio": (r2(pred["predicted_us"] / roof["roofline_us"])
                   if pred["predicted_us"] and roof["roofline_us"] else None),
+        "ratio_worst": r2(worst / roof["roofline_us"]) if worst and roof["roofline_us"] else None,
         "model": model,
         "label": MODEL_LABEL,
     }
     return rec
 
 
-def triton_records(cases: list[Case], log=print) -> list[dict]:
+def variants(prec: str, schemes) -> list[tuple[str, str | None]]:
+    """(precision, tf32x3 scheme) pairs to compile or time for one case precision: "tf32x3" once
+    per scheme (geomkern/backends/triton/_common.py TF32X3_SCHEMES), the others once."""
+    return [(prec, s) for s in schemes] if prec == "tf32x3" else [(prec, None)]
+
+
+@contextlib.contextmanager
+def tf32x3_scheme(scheme: str | None):
+    """Run the launchers under one tf32x3 scheme (they read _common.TF32X3 at each call)."""
+    from geomkern.backends.triton import _common as C
+    old = C.TF32X3
+    C.TF32X3 = scheme or old
+    try:
+        yield
+    finally:
+        C.TF32X3 = old
+
+
+def triton_records(cases: list[Case], log=print, schemes=None) -> list[dict]:
+    from geomkern.backends.triton import _common as C
     from geomkern.backends.triton import preimage as tp
+    schemes = schemes or (C.TF32X3,)
 
     records = []
     with compile_only() as drv:
@@ -671,18 +701,22 @@ def triton_records(cases: list[Case], log=print) -> list[dict]:
         try:
             for case in cases:
                 fn = case.build(_alloc(False, "cpu"), "cpu", case.torch_dtype)
-                for prec in case.precisions:
+                for prec, scheme in (v for p in case.precisions for v in variants(p, schemes)):
                     t0 = time.time()
                     drv.launches.clear()
                     try:
-                        fn(prec)
+                        with tf32x3_scheme(scheme):
+                            fn(prec)
                     except _Fallback:
                         log(f"  {case.name} [{case.dtype} {prec}]: the launcher fell back to the "
                             "torch reference (kernel does not fit sm_90)")
                     for ln in drv.launches:
-                        records.append(_triton_record(ln, case, prec))
-                    log(f"  {case.name} [{case.dtype} {prec}]: {len(drv.launches)} launch(es), "
-                        f"{time.time() - t0:.1f} s")
+                        rec = _triton_record(ln, case, prec)
+                        rec["tf32x3_scheme"] = scheme
+                        rec["default_precision"] &= scheme in (None, C.TF32X3)
+                        records.append(rec)
+                    log(f"  {case.name} [{case.dtype} {prec}{' ' + scheme if scheme else ''}]: "
+                        f"{len(drv.launches)} launch(es), {time.time() - t0:.1f} s")
         finally:
             for n, f in saved.items():
                 setattr(tp, n, f)
@@ -925,7 +959,8 @@ def toolchain() -> dict:
     return info
 
 
-def build_report(case_filter: list[str] | None = None, with_cuda: bool = True, log=print) -> list[dict]:
+def build_report(case_filter: list[str] | None = None, with_cuda: bool = True, log=print,
+                 schemes=None, precisions=None) -> list[dict]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("sm90_report compiles for a GPU: run it in a process without "
                            "TRITON_INTERPRET=1 (python benchmarks/sm90_report.py does that)")
@@ -934,10 +969,14 @@ def build_report(case_filter: list[str] | None = None, with_cuda: bool = True, l
         raise RuntimeError(f"sm90_report cannot run: {reason}")
     cases = [c for c in _triton_cases()
              if not case_filter or any(f.lower() in c.name.lower() for f in case_filter)]
+    if precisions:
+        for c in cases:
+            c.precisions = tuple(p for p in c.precisions if p in precisions)
+        cases = [c for c in cases if c.precisions]
     with tempfile.TemporaryDirectory() as tmp:
         procs, why = compile_cuda(Path(tmp)) if with_cuda else (None, "skipped (--no-cuda)")
         log(f"Triton: {len(cases)} case(s)")
-        records = triton_records(cases, log)
+        records = triton_records(cases, log, schemes)
         if procs is not None:
             log("CUDA (nvcc -arch=sm_90 -cubin --resource-usage):")
             recs = cuda_records(procs, log)
@@ -953,72 +992,130 @@ def build_report(case_filter: list[str] | None = None, with_cuda: bool = True, l
 
 def table(records: list[dict], measured: bool = False) -> str:
     head = ["kernel", "case", "dtype", "precision", "regs", "spill", "warps/SM", "TC instr",
-            "predicted_us", "roofline_us", "ratio"] + (["measured_us"] if measured else [])
+            "predicted_us", "worst_us", "roofline_us", "ratio", "ratio_worst"] + (
+                ["measured_us"] if measured else [])
     rows = [head, ["---"] * len(head)]
     for r in records:
         def num(x):
             return "-" if x is None else f"{x:,.1f}"
-        rows.append([r["kernel"], r["case"], r["dtype"], r["precision"], r["regs"], r["spill_bytes"],
-                     r["warps_per_sm"], r["tensor_core_instructions"], num(r["predicted_us"]),
-                     num(r["roofline_us"]), num(r["ratio"])]
+        prec = r["precision"] + (f" ({r['tf32x3_scheme']})" if r.get("tf32x3_scheme") else "")
+        rows.append([r["kernel"], r["case"], r["dtype"], prec, r.get("regs"), r.get("spill_bytes"),
+                     r.get("warps_per_sm"), r.get("tensor_core_instructions"),
+                     num(r.get("predicted_us")), num(r.get("predicted_worst_us")),
+                     num(r.get("roofline_us")), num(r.get("ratio")), num(r.get("ratio_worst"))]
                     + ([r.get("measured_us", "-")] if measured else []))
     return "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in rows)
 
 
 # ------------------------------------------------------------------------------- measure
 
-def measure(records: list[dict], case_filter, log=print) -> None:
-    """On a GPU: time every case's launcher (triton.testing.do_bench, median) and each kernel of it
-    (torch.profiler, mean device time), and write them beside the model's numbers."""
-    import torch
-    import triton.testing
+def _model_index(records: list[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in records:
+        key = (r["case"], r["dtype"], r["precision"], r.get("tf32x3_scheme"), r["backend"])
+        out.setdefault(key, []).append(r)
+    return out
 
+
+def measure(model: list[dict], case_filter, log=print, emit=None, schemes=None,
+            precisions=None, accuracy=False) -> list[dict]:
+    """On a GPU: time every case's launcher (triton.testing.do_bench, median) and each kernel of it
+    (torch.profiler, mean device time), beside the model's records for the same (case, dtype,
+    precision, tf32x3 scheme) taken from ``model`` (a compile report, e.g. the committed one: no
+    recompiling here). ``emit(record)`` is called as soon as each case is measured (the GPU
+    session appends it to its JSONL), so a run cut short keeps what it measured. ``accuracy``:
+    also the float32 output's relative error (Frobenius) against the same case in float64."""
+    import torch
+
+    from geomkern.backends.triton import _common as C
     if not torch.cuda.is_available():
         raise RuntimeError("--measure needs a CUDA GPU")
     dev = "cuda"
-    by_case: dict[tuple, list[dict]] = {}
-    for r in records:
-        by_case.setdefault((r["case"], r["dtype"], r["precision"], r["backend"]), []).append(r)
+    schemes = schemes or (C.TF32X3,)
+    by_case = _model_index(model)
+    out: list[dict] = []
     cases = [c for c in _triton_cases()
              if not case_filter or any(f.lower() in c.name.lower() for f in case_filter)]
     for case in cases:
+        precs = [p for p in case.precisions if not precisions or p in precisions]
+        if not precs:
+            continue
         try:
             fn = case.build(_alloc(True, dev), dev, case.torch_dtype)
+            ref = None
+            if accuracy and case.dtype == "float32":
+                f64 = case.build(_alloc(True, dev), dev, torch.float64)
+                ref = f64("ieee")
+                del f64
         except Exception as exc:  # noqa: BLE001 - e.g. out of memory: keep the other cases
             log(f"  {case.name} [{case.dtype}]: inputs not built: {exc!r}")
             continue
-        for prec in case.precisions:
-            recs = by_case.get((case.name, case.dtype, prec, "triton"), [])
-            _time_into(lambda: fn(prec), recs, log, f"{case.name} [{case.dtype} {prec}]")
-        del fn
+        for prec, scheme in (v for p in precs for v in variants(p, schemes)):
+            recs = [dict(r) for r in by_case.get((case.name, case.dtype, prec, scheme, "triton"), [])]
+            if not recs:  # no model record: measured alone, under the case's identity
+                recs = [{"kernel": None, "backend": "triton", "case": case.name, "op": case.op,
+                         "dtype": case.dtype, "precision": prec, "tf32x3_scheme": scheme,
+                         "predicted_us": None}]
+            label = f"{case.name} [{case.dtype} {prec}{' ' + scheme if scheme else ''}]"
+            with tf32x3_scheme(scheme):
+                _time_into(lambda: fn(prec), recs, log, label, ref)
+            for r in recs:
+                out.append(r)
+                if emit:
+                    emit(r)
+        del fn, ref
         torch.cuda.empty_cache()
-    _measure_cuda(by_case, dev, log)
+    cuda = _measure_cuda(by_case, dev, log)
+    for r in cuda:
+        out.append(r)
+        if emit:
+            emit(r)
+    return out
 
 
-def _time_into(call, recs, log, label):
+def _rel_err(out, ref) -> float | None:
+    import torch
+    if ref is None or not isinstance(out, torch.Tensor):
+        return None
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _time_into(call, recs, log, label, ref=None):
     import torch
     import triton.testing
+    dev_name = torch.cuda.get_device_name()
     try:
-        call()
+        out = call()
         torch.cuda.synchronize()
-        ms = triton.testing.do_bench(call, warmup=25, rep=300, return_mode="median")
+        err = _rel_err(out, ref)
+        del out
+        ms = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median")
         per_kernel = _profile(call)
     except Exception as exc:  # noqa: BLE001 - one failing case must not lose the others
         log(f"  {label}: measurement failed: {exc!r}")
         for r in recs:
-            r["measured_error"] = repr(exc)
+            r["measured_error"] = repr(exc)[:500]
+            r["measured_device"] = dev_name
         return
-    dev_name = torch.cuda.get_device_name()
+    case_model = [x["predicted_us"] for x in recs]
+    case_worst = [x.get("predicted_worst_us") for x in recs]
     for r in recs:
         r["measured_case_us"] = round(ms * 1e3, 2)
-        r["predicted_case_us"] = round(sum(x["predicted_us"] for x in recs), 2)
-        hits = [v for k, v in per_kernel.items() if r["kernel"] in k]
+        r["predicted_case_us"] = round(sum(case_model), 2) if None not in case_model else None
+        r["predicted_worst_case_us"] = (round(sum(case_worst), 2) if None not in case_worst
+                                        else None)
+        hits = [v for k, v in per_kernel.items() if r["kernel"] and r["kernel"] in k]
         r["measured_us"] = round(hits[0], 2) if len(hits) == 1 else None
         r["measured_over_model"] = (round(r["measured_us"] / r["predicted_us"], 2)
                                     if r["measured_us"] and r["predicted_us"] else None)
+        r["measured_rel_err_vs_float64"] = err
         r["measured_device"] = dev_name
-    model = recs[0]["predicted_case_us"] if recs else "-"
-    log(f"  {label}: {ms * 1e3:,.1f} us measured (op), model {model} us")
+        r["measured_label"] = "measured (triton.testing.do_bench median; per kernel: torch.profiler)"
+    model = recs[0].get("predicted_case_us") or "-"
+    worst = recs[0].get("predicted_worst_case_us") or "-"
+    log(f"  {label}: {ms * 1e3:,.1f} us measured (op), model {model} us, worst {worst} us"
+        + (f", rel err {err:.1e}" if err is not None else ""))
 
 
 def _profile(call, iters: int = 3) -> dict[str, float]:
@@ -1040,21 +1137,23 @@ def _profile(call, iters: int = 3) -> dict[str, float]:
         return {}
 
 
-def _measure_cuda(by_case, dev, log):
+def _measure_cuda(by_case, dev, log) -> list[dict]:
+    """The CUDA C++ kernels' cases (when geomkern._C_cuda is built), beside their model records."""
     import torch
     try:
         from geomkern.backends import native
         table_ = native.kernels(None, native._C_cuda)
     except Exception as exc:  # noqa: BLE001
         log(f"  CUDA kernels: not measured ({exc!r})")
-        return
+        return []
     if not table_:
         log(f"  CUDA kernels: not built ({native.cuda_why_not()})")
-        return
+        return []
+    out: list[dict] = []
     make = _alloc(True, dev)
     F = {"float32": torch.float32, "float64": torch.float64}
     for case, dt, b, S, D in CUDA_PREIMAGE_CASES:
-        recs = by_case.get((case, dt, "ieee", "cuda"), [])
+        recs = [dict(r) for r in by_case.get((case, dt, "ieee", None, "cuda"), [])]
         if not recs or "preimage_gd" not in table_:
             continue
         f = table_["preimage_gd"]["cuda"]
@@ -1065,8 +1164,10 @@ def _measure_cuda(by_case, dev, log):
             log(f"  CUDA {case} [{dt}]: inputs not built: {exc!r}")
             continue
         _time_into(lambda: f(Z0, B, T, 1.0, STEPS, lr), recs, log, f"CUDA {case} [{dt}]")
+        out += recs
+        del Z0, B, T
     for case, dt, n in CUDA_JACOBI_CASES:
-        recs = by_case.get((case, dt, "fp64 arithmetic", "cuda"), [])
+        recs = [dict(r) for r in by_case.get((case, dt, "fp64 arithmetic", None, "cuda"), [])]
         if not recs or "eigh" not in table_:
             continue
         try:
@@ -1077,38 +1178,69 @@ def _measure_cuda(by_case, dev, log):
             continue
         f = table_["eigh"]["cuda"]
         _time_into(lambda: f(A, 8), recs, log, f"CUDA {case} [{dt}]")
+        out += recs
+    return out
 
 
 # ---------------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="JSON file to write (a list of records)")
+    ap.add_argument("--out", help="JSON file to write (a list of records)")
+    ap.add_argument("--jsonl", help="also append each record to this JSON-lines file as soon as it "
+                    "exists (a run cut short keeps what it did)")
     ap.add_argument("--cases", default="", help="';'-separated substrings of case names")
     ap.add_argument("--no-cuda", action="store_true", help="skip the nvcc-compiled CUDA kernels")
+    ap.add_argument("--tf32x3", default="",
+                    help="comma-separated tf32x3 schemes to compile/time (default: the one in use; "
+                    "'all': every scheme in geomkern/backends/triton/_common.py TF32X3_SCHEMES)")
+    ap.add_argument("--precisions", default="",
+                    help="comma-separated precisions to keep (default: every one the launchers "
+                    "support); 'default': the default precision only")
     ap.add_argument("--measure", action="store_true",
-                    help="on a GPU: also time every case and write measured_us beside the model")
+                    help="on a GPU: time every case and write measured_us beside the model")
+    ap.add_argument("--model", help="with --measure: the compile report whose predictions go beside "
+                    "the measurements (no recompiling; e.g. benchmarks/results/sm90-compile.json)")
+    ap.add_argument("--accuracy", action="store_true",
+                    help="with --measure: each float32 case's relative error against float64")
     args = ap.parse_args(argv)
+    if not (args.out or args.jsonl):
+        ap.error("give --out and/or --jsonl")
     os.environ.pop("TRITON_INTERPRET", None)  # compile for a GPU, never interpret
+    from geomkern.backends.triton import _common as C
     flt = [s.strip() for s in args.cases.split(";") if s.strip()]
+    schemes = (C.TF32X3_SCHEMES if args.tf32x3 == "all"
+               else tuple(x for x in args.tf32x3.split(",") if x) or (C.TF32X3,))
+    bad = [x for x in schemes if x not in C.TF32X3_SCHEMES]
+    if bad:
+        ap.error(f"--tf32x3: unknown scheme(s) {bad}; choose from {C.TF32X3_SCHEMES} or 'all'")
+    precs = [x for x in args.precisions.split(",") if x]
+    if precs == ["default"]:
+        precs = [default_precision()]
+    jsonl = Path(args.jsonl) if args.jsonl else None
+    if jsonl:
+        jsonl.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(rec):
+        if jsonl:
+            with jsonl.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+
     t0 = time.time()
     if args.measure:
-        # compile in a child process: its compile-only driver must not leave captured kernels
-        # in this process's Triton caches
-        with tempfile.TemporaryDirectory() as tmp:
-            model = Path(tmp) / "model.json"
-            cmd = [sys.executable, __file__, "--out", str(model)]
-            cmd += (["--cases", args.cases] if flt else []) + (["--no-cuda"] if args.no_cuda else [])
-            subprocess.run(cmd, check=True)
-            records = json.loads(model.read_text())
-        measure(records, flt)
+        model = json.loads(Path(args.model).read_text()) if args.model else []
+        records = measure(model, flt, emit=emit, schemes=schemes, precisions=precs,
+                          accuracy=args.accuracy)
     else:
-        records = build_report(flt, not args.no_cuda)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(records, indent=1) + "\n")
+        records = build_report(flt, not args.no_cuda, schemes=schemes, precisions=precs)
+        for r in records:
+            emit(r)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(records, indent=1) + "\n")
     print(f"\n{MODEL_LABEL}\n")
     print(table(records, args.measure))
-    print(f"\n{len(records)} records -> {args.out} ({time.time() - t0:.0f} s)")
+    print(f"\n{len(records)} records -> {args.out or args.jsonl} ({time.time() - t0:.0f} s)")
     return 0
 
 

@@ -48,6 +48,53 @@ def gram_emulated(X: torch.Tensor, gamma: float, precision: str, *, truncate: bo
     return torch.exp(-gamma * d2)
 
 
+def dot_hardware(a: torch.Tensor, b: torch.Tensor, precision: str, *, k_step: int = 32):
+    """a (n, K) @ b (K, m) in the order an sm_90 kernel issues it (geomkern/backends/triton/
+    _common.py ``mma``): float32 operands split hi = x rounded to nearest on TF32, lo = x - hi
+    (exact in float32); the tensor core reads every operand truncated to TF32 (hi is already
+    one, lo loses its low bits); each k = 8 slice of an HGMMA sums its exact products and adds
+    them, rounded to float32, to the float32 accumulator; per K step of ``k_step`` the kernel
+    issues lo*hi, hi*lo, hi*hi in that order. "tf32": hi*hi alone, operands truncated."""
+    a, b = a.float(), b.float()
+    if precision == "ieee":
+        return a @ b
+    if precision == "tf32":
+        terms = [(round_tf32(a, truncate=True), round_tf32(b, truncate=True))]
+    else:
+        ah, bh = round_tf32(a), round_tf32(b)
+        al, bl = round_tf32(a - ah, truncate=True), round_tf32(b - bh, truncate=True)
+        terms = [(al, bh), (ah, bl), (ah, bh)]
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=F32)
+    K = a.shape[1]
+    for k0 in range(0, K, k_step):
+        for x, y in terms:
+            for k in range(k0, min(K, k0 + k_step), 8):
+                acc = acc + (x[:, k:k + 8].double() @ y[k:k + 8].double()).float()
+    return acc
+
+
+def gram_hardware(X: torch.Tensor, gamma: float, precision: str, *, shift: bool = True):
+    """The Triton Gram as the GPU computes it: rows shifted by their mean (float32, as
+    _common.shifted), float32 norms, the dot in hardware order (dot_hardware), exp in float32."""
+    X = X.float()
+    if shift:
+        X = (X - X.mean(0)).float()
+    sq = (X * X).sum(1)
+    d2 = (sq[:, None] + sq[None, :] - 2.0 * dot_hardware(X, X.T, precision)).clamp_min(0)
+    K = torch.exp(-gamma * d2)
+    K.fill_diagonal_(1.0)
+    return K
+
+
+def offset_cloud(n: int, D: int, seed: int, spread: float = 0.05, gamma_x2: float = 200.0):
+    """Rows at distance 1 from the origin with the given spread (a cloud far from the origin:
+    |x|^2 >> |x - y|^2), and gamma with gamma |x|^2 = gamma_x2 (the issue's hard case)."""
+    g = torch.Generator().manual_seed(seed)
+    c = torch.randn(D, generator=g, dtype=torch.float64)
+    X = c / c.norm() + spread * torch.randn(n, D, generator=g, dtype=torch.float64) / D ** 0.5
+    return X, gamma_x2 / float((X * X).sum(1).mean())
+
+
 def test_tf32_rounding_on_hand_made_values():
     one_ulp = 2.0 ** -10  # TF32's spacing at 1.0
     x = torch.tensor([1.0, 1.0 + one_ulp, 1.0 + one_ulp / 2, 1.0 + one_ulp / 4, -(1.0 + 3 * one_ulp / 4),
@@ -96,6 +143,40 @@ def test_default_precision_meets_the_float32_bound_on_the_gram(unit_rows, trunca
     assert rel_error(gram_emulated(X, gamma, "ieee"), ref) <= TOL[F32]
     # tf32 is the fast option, with an error the docstring states (~1e-3 on the dot)
     assert rel_error(gram_emulated(X, gamma, "tf32", truncate=truncate), ref) > TOL[F32]
+
+
+def test_hardware_order_emulation_on_hand_made_values():
+    # lo is truncated by the tensor core: x = 1 + 2^-11 + 2^-23 splits into hi = 1 + 2^-10
+    # (rounded up) and lo = -(2^-11 - 2^-23), 12 significant bits, whose TF32 truncation (toward
+    # zero) drops 2^-23: x * 1 comes out 2^-23 too large, where plain float32 is exact
+    x = torch.tensor([[1.0 + 2.0 ** -11 + 2.0 ** -23]], dtype=F32)
+    one = torch.ones(1, 1)
+    assert dot_hardware(x, one, "tf32x3").item() == 1.0 + 2.0 ** -11 + 2.0 ** -22
+    assert (x @ one).item() == 1.0 + 2.0 ** -11 + 2.0 ** -23
+    # accumulation is float32 per k = 8 slice: 2^24 + 1 + 1 in two slices loses both ones
+    a = torch.tensor([[2.0 ** 24] + [0.0] * 7 + [1.0] + [0.0] * 7], dtype=F32)
+    assert dot_hardware(a, torch.ones(16, 1), "tf32x3").item() == 2.0 ** 24
+    assert dot_hardware(a, torch.ones(16, 1), "tf32").item() == 2.0 ** 24
+
+
+@pytest.mark.parametrize("case", ["unit rows", "offset cloud", "offset cloud, spread 0.01"])
+def test_default_precision_meets_the_bound_in_hardware_order(unit_rows, case):
+    """The documented float32 bound (1e-5 relative to float64) at the default precision with
+    the GPU's accumulation order and truncation, on unit rows and on offset clouds where
+    |x|^2 + |y|^2 - 2<x, y> cancels (gamma |x|^2 = 200): the kernels' shift is what holds it;
+    without the shift the same arithmetic misses the bound on the offset clouds."""
+    if case == "unit rows":
+        X, gamma = unit_rows
+        X = X.double()[:300]
+    else:
+        X, gamma = offset_cloud(300, 256, seed=3, spread=0.01 if "0.01" in case else 0.05)
+    ref = gk.rbf_gram(X, gamma=gamma)
+    err = rel_error(gram_hardware(X, gamma, "tf32x3"), ref)
+    assert err <= TOL[F32], f"{case}: {err:.2e}"
+    if case != "unit rows":
+        unshifted = rel_error(gram_hardware(X, gamma, "tf32x3", shift=False), ref)
+        assert unshifted > TOL[F32], f"{case}: the unshifted formula met the bound ({unshifted:.2e})"
+        assert unshifted > 5 * err
 
 
 def test_every_public_op_with_a_dot_takes_precision(gen):

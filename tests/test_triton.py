@@ -178,6 +178,35 @@ def _check_rbf_matmul(device, dtype, n, m, p, D, precision, seed):
     assert_close_rel(out, ref, tol, "rbf_matmul")
 
 
+def _check_offset_cloud(device, precision, seed):
+    """Float32 rows far from the origin (distance 1, spread 0.05 / sqrt(D) per coordinate,
+    gamma |x|^2 = 200): |x|^2 + |y|^2 - 2<x, y> cancels by ~|x|^2 / |x - y|^2 = 400, which costs
+    the unshifted formula ~5e-5 even in IEEE float32. The launchers' common shift keeps rbf_gram
+    (both forms), rbf_matmul and the projection within the float32 bound of float64."""
+    gen = _gen(seed)
+    D = 48
+    c = torch.randn(D, generator=gen, dtype=torch.float64)
+    cloud = [c / c.norm() + 0.05 * torch.randn(n, D, generator=gen, dtype=torch.float64) / D ** 0.5
+             for n in (70, 40)]
+    X64, Y64 = cloud
+    g = 200.0 / float((X64 * X64).sum(1).mean())
+    X, Y = X64.float().to(device), Y64.float().to(device)
+    tol = BOUND[torch.float32]
+    K = trbf.rbf_gram(X, None, g, False, precision)
+    assert_close_rel(K, rrbf.gram_reference(_d64(X), None, g, False), tol, "offset rbf_gram(X)")
+    K = trbf.rbf_gram(X, Y, g, False, precision)
+    assert_close_rel(K, rrbf.gram_reference(_d64(X), _d64(Y), g, False), tol, "offset rbf_gram(X, Y)")
+    V = torch.rand(40, 3, generator=gen, dtype=torch.float64)  # positive: no cancellation in K V
+    out = trbf.rbf_matmul(X, Y, V.float().to(device), g, precision)
+    ref = rrbf.rbf_matmul_reference(_d64(X), _d64(Y), _d64(V.float()), g)
+    assert_close_rel(out, ref, tol, "offset rbf_matmul")
+    off = offsets_from_sizes([30, 40]).to(device)
+    alphas = torch.rand(70, 2, generator=gen, dtype=torch.float64)
+    beta = tkpca.project_onto_basis(X, alphas.float().to(device), off, Y, g, precision)
+    ref = rkpca.projection_reference(_d64(X), _d64(alphas.float()), off.cpu(), _d64(Y), g)
+    assert_close_rel(beta, ref, tol, "offset project_onto_basis")
+
+
 def _check_segmented_gram(device, dtype, sizes, D, center, seed):
     gen = _gen(seed)
     X = _randn(gen, sum(sizes), D, dtype=dtype, device=device, scale=1.5, shift=4.0)
@@ -385,6 +414,12 @@ def test_rbf_gram_tf32(device, seed, run):
     run(_check_rbf_gram_symmetric, device, torch.float32, 300, 64, False, "tf32", seed)
     run(_check_rbf_gram_cross, device, torch.float32, 300, 100, 512, "tf32", seed)
     run(_check_rbf_matmul, device, torch.float32, 300, 200, 16, 512, "tf32", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ("tf32x3", "ieee"))
+def test_offset_cloud_within_the_float32_bound(device, precision, seed, run):
+    run(_check_offset_cloud, device, precision, seed)
 
 
 @pytest.mark.parametrize("device", DEVICES)

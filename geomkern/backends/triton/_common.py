@@ -44,18 +44,82 @@ def scalars(device, dtype: torch.dtype, *values: float) -> torch.Tensor:
     return out
 
 
+# How the kernels issue a "tf32x3" product (three TF32 tensor-core products per float32
+# multiply-add: hi*hi + hi*lo + lo*hi):
+#   "split"   the kernel splits each float32 operand itself (hi = x rounded to TF32's 10-bit
+#             mantissa by integer ops, lo = x - hi, exact) and issues three chained "tf32" dots into
+#             one accumulator, small products first. Compiled for sm_90 (triton 3.8) the 128 x 128
+#             x 32 Gram step is 179 SASS instructions per warp against 499 for "builtin"; both wait
+#             on each of the three wgmma groups (WARPGROUP.DEPBAR, pendings 0).
+#   "builtin" tl.dot(input_precision="tf32x3"): Triton's own split (cvt.rna.tf32 per operand and
+#             product), the scheme every figure before the GPU run used.
+# benchmarks/tf32x3_schemes.py times both (and a K-concatenated plain tf32 GEMM) on a GPU, with
+# their errors against float64; GEOMKERN_TF32X3 picks one for a process (the measurement's switch).
+TF32X3_SCHEMES = ("split", "builtin")
+TF32X3 = os.environ.get("GEOMKERN_TF32X3", "split")
+if TF32X3 not in TF32X3_SCHEMES:
+    raise ValueError(f"GEOMKERN_TF32X3={TF32X3!r}: choose one of {TF32X3_SCHEMES}")
+
+
 def dot_precision(dtype: torch.dtype, precision: str) -> str:
-    """tl.dot's input_precision: "tf32"/"tf32x3" only change float32 operands (float64 is exact,
-    float16/bfloat16 use the tensor cores natively): others get "ieee"."""
+    """The PRECISION constexpr the kernels pass to ``mma``: "tf32"/"tf32x3" only change float32
+    operands (float64 is exact, float16/bfloat16 use the tensor cores natively): others get
+    "ieee". float32 "tf32x3" becomes "tf32x3split" under the "split" scheme (above)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return precision if dtype == torch.float32 else "ieee"
+    if dtype != torch.float32:
+        return "ieee"
+    return "tf32x3split" if precision == "tf32x3" and TF32X3 == "split" else precision
+
+
+@triton.jit
+def _tf32_split(x):
+    """x = hi + lo exactly: hi = x rounded to nearest on TF32's 10 mantissa bits (integer add of
+    half an ulp, then the low 13 bits cleared; a carry into the exponent is the correct rounding),
+    lo = x - hi (|lo| <= 2^-11 |x|, exact in float32). The tensor core truncates lo to TF32 too,
+    so a product loses about 2^-22 relative: far below float32 accumulation error."""
+    bits = x.to(tl.uint32, bitcast=True)
+    hi = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
+def mma(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b on the tensor cores as PRECISION says (see dot_precision): every kernel's dot
+    goes through here, so a scheme change reaches all of them. acc: the accumulator tile (float32,
+    or float64 for float64 operands), never None."""
+    # out_dtype: acc's (float64 for float64 operands): triton 3.6 (the GPU image's) takes
+    # float32 unless told, and refuses a float64 accumulator then
+    if PRECISION == "tf32x3split":
+        a_hi, a_lo = _tf32_split(a.to(tl.float32))
+        b_hi, b_lo = _tf32_split(b.to(tl.float32))
+        acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32", out_dtype=acc.dtype)
+        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32", out_dtype=acc.dtype)
+        return tl.dot(a_hi, b_hi, acc, input_precision="tf32", out_dtype=acc.dtype)
+    else:
+        return tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
 
 
 def dot_operands(t: torch.Tensor) -> torch.Tensor:
     """bfloat16 tl.dot is wrong in the interpreter: there, feed it float32 (bf16 products are exact
     in float32, so this is the GPU kernel's math); on a GPU the tensor is used as is."""
     return t.float() if t.dtype == torch.bfloat16 and interpreting() else t
+
+
+def shifted(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Each (rows, D) tensor minus one common shift, the mean of all their rows (computed in the
+    compute dtype), in its own dtype. Distances are translation invariant, so the kernels' result
+    is unchanged in exact arithmetic; in floating point |x|^2 + |y|^2 - 2<x, y> cancels by about
+    |x|^2 / |x - y|^2, which the shift takes from (offset + spread)^2 / spread^2 to ~1 (DESIGN.md
+    math note 10: an offset cloud lost ~1e-4 in float32 without it). Copies (n + m) x D: a few
+    microseconds beside the O(n m D) kernels; an empty tensor list entry is returned as is."""
+    acc = compute_dtype(tensors[0].dtype)
+    rows = sum(t.shape[0] for t in tensors)
+    if rows == 0:
+        return list(tensors)
+    total = sum(t.to(acc).sum(0) for t in tensors)
+    shift = total / rows
+    return [(t.to(acc) - shift).to(t.dtype).contiguous() for t in tensors]
 
 
 def block(n: int, lo: int = 16, hi: int = 64) -> int:

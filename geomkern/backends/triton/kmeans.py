@@ -43,7 +43,7 @@ def _assign_kernel(X, Cen, CC, Labels, n, k, D, BLOCK_M: tl.constexpr, BLOCK_C: 
             c = tl.load(c_rows + kk[None, :], mask=(rc[:, None] < k) & (kk[None, :] < D), other=0.0)
             xf = x.to(ACC)
             xx += tl.sum(xf * xf, 1)
-            xy = tl.dot(x, tl.trans(c), xy, input_precision=PRECISION)
+            xy = C.mma(x, tl.trans(c), xy, PRECISION)
         cc = tl.load(CC + g * k + rc, mask=rc < k, other=0.0)
         d2 = tl.maximum(xx[:, None] + cc[None, :] - 2.0 * xy, 0.0)
         d2 = tl.where(rc[None, :] < k, d2, float("inf"))

@@ -59,7 +59,7 @@ def _projection_kernel(X, Alphas, Offsets, B, Params, Out, D, S, d, SPLITS,
         # components past d are zero columns of the dot
         a = tl.load(Alphas + ra.to(tl.int64)[:, None] * d + rc[None, :],
                     mask=(ra[:, None] < end) & (rc[None, :] < d), other=0.0)
-        acc = tl.dot(k.to(Alphas.dtype.element_ty), a, acc, input_precision=PRECISION)
+        acc = C.mma(k.to(Alphas.dtype.element_ty), a, acc, PRECISION)
     Oj = Out + (split.to(tl.int64) * tl.num_programs(0) // SPLITS + j) * d * S
     tl.store(Oj + rc[None, :] * S + rs[:, None], acc.to(Out.dtype.element_ty),
              mask=(rc[None, :] < d) & (rs[:, None] < S))
@@ -111,11 +111,16 @@ def centred_grams(X, off: list, bucket: list, gamma: float, precision: str = C.D
 def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = C.DEFAULT_PRECISION):
     """betas (m, d, S): betas[j] = alphas[rows of j]^T K(X[rows of j], B), all clusters in one
     launch; an empty segment gives zeros."""
-    X, alphas, B = X.contiguous(), alphas.contiguous(), B.contiguous()
+    alphas = alphas.contiguous()
     m, d, S, D = offsets.numel() - 1, alphas.shape[1], B.shape[0], X.shape[1]
     out = C.empty((m, d, S), X.dtype, X.device)
     if out.numel() == 0:
         return out
+    # one shift for X and B (math note 10): B's mean (S rows, cheap), applied to both
+    acc_ = C.compute_dtype(X.dtype)
+    shift = B.to(acc_).mean(0)
+    X = (X.to(acc_) - shift).to(X.dtype).contiguous()
+    B = (B.to(acc_) - shift).to(B.dtype).contiguous()
     f64 = X.dtype == torch.float64
     dot = C.dot_precision(X.dtype, precision)
     if X.dtype == torch.float32 and dot != "ieee":

@@ -63,8 +63,8 @@ def _preimage_kernel(Z0, Zk, Zn, Bk, Bn, BB, T, Step, Params, Wn, Wk, b, S, D, s
         for s0 in range(0, S, BLOCK_N):
             zb = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
             for k0 in range(0, D, BLOCK_K):
-                zb = tl.dot(Zk.load([row0, k0]).to(ACC), tl.trans(Bk.load([s0, k0]).to(ACC)), zb,
-                            input_precision=PRECISION)
+                zb = C.mma(Zk.load([row0, k0]).to(ACC), tl.trans(Bk.load([s0, k0]).to(ACC)), zb,
+                           PRECISION)
             s_ok = s0 + rn < S
             bb = tl.load(BB + s0 + rn, mask=s_ok, other=0.0)
             k = tl.exp(-gamma * tl.maximum(zz[:, None] + bb[None, :] - 2.0 * zb, 0.0))
@@ -86,8 +86,7 @@ def _preimage_kernel(Z0, Zk, Zn, Bk, Bn, BB, T, Step, Params, Wn, Wk, b, S, D, s
         for d0 in range(0, D, BLOCK_N):
             wb = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
             for k0 in range(0, S, BLOCK_K):
-                wb = tl.dot(Wk.load([row0, k0]), Bn.load([k0, d0]).to(ACC), wb,
-                            input_precision=PRECISION)
+                wb = C.mma(Wk.load([row0, k0]), Bn.load([k0, d0]).to(ACC), wb, PRECISION)
             z = Zn.load([row0, d0]).to(ACC)
             if FIXED_POINT:
                 z = tl.where(ok[:, None], wb / den[:, None], z)

@@ -44,7 +44,7 @@ def _sqdist_tile(X, Y, rm, rn, n_x, n_y, D, Shift, SHIFT: tl.constexpr, BLOCK_M:
         yf = y.to(ACC)
         xx += tl.sum(xf * xf, 1)
         yy += tl.sum(yf * yf, 1)
-        xy = tl.dot(x, tl.trans(y), xy, input_precision=PRECISION)
+        xy = C.mma(x, tl.trans(y), xy, PRECISION)
     return tl.maximum(xx[:, None] + yy[None, :] - 2.0 * xy, 0.0)
 
 
@@ -168,7 +168,7 @@ def _rbf_matmul_kernel(X, Y, V, XX, YY, Params, Out, n_x, n_y, D, p, y_chunk,
         if X_RESIDENT:
             y = tl.load(Y + rn.to(tl.int64)[:, None] * D + rd[None, :],
                         mask=(rn[:, None] < n_hi) & (rd[None, :] < D), other=0.0)
-            xy = tl.dot(x, tl.trans(y), input_precision=PRECISION)
+            xy = C.mma(x, tl.trans(y), tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC), PRECISION)
         else:
             y_rows = Y + rn.to(tl.int64)[:, None] * D
             xy = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
@@ -178,12 +178,12 @@ def _rbf_matmul_kernel(X, Y, V, XX, YY, Params, Out, n_x, n_y, D, p, y_chunk,
                              other=0.0)
                 yc = tl.load(y_rows + kk[None, :], mask=(rn[:, None] < n_hi) & (kk[None, :] < D),
                              other=0.0)
-                xy = tl.dot(xc, tl.trans(yc), xy, input_precision=PRECISION)
+                xy = C.mma(xc, tl.trans(yc), xy, PRECISION)
         d2 = tl.maximum(xx[:, None] + yy[None, :] - 2.0 * xy, 0.0)
         k = tl.where(rn[None, :] < n_hi, tl.exp(-gamma * d2), 0.0)
         v = tl.load(V + rn.to(tl.int64)[:, None] * p + rp[None, :],
                     mask=(rn[:, None] < n_hi) & (rp[None, :] < p), other=0.0)
-        acc = tl.dot(k.to(V.dtype.element_ty), v, acc, input_precision=PRECISION)
+        acc = C.mma(k.to(V.dtype.element_ty), v, acc, PRECISION)
     Os = Out + pid_s.to(tl.int64) * n_x * p
     tl.store(Os + rm.to(tl.int64)[:, None] * p + rp[None, :], acc.to(Out.dtype.element_ty),
              mask=(rm[:, None] < n_x) & (rp[None, :] < p))
@@ -256,12 +256,14 @@ def rbf_gram(X, Y, gamma: float, center: bool, precision: str = C.DEFAULT_PRECIS
         n = X.shape[0]
         starts = torch.zeros(1, dtype=torch.int64, device=dev)
         sizes = torch.full((1,), n, dtype=torch.int64, device=dev)
-        return sym_gram(X, starts, sizes, n, gamma, center, precision)[0][0]
-    X, Y = X.contiguous(), Y.contiguous()
+        # shifted by the rows' mean first (math note 10): the kernel's SHIFT loads would add
+        # instructions to its hot loop, a copy costs one pass over X
+        return sym_gram(C.shifted(X)[0], starts, sizes, n, gamma, center, precision)[0][0]
     n, m, D = X.shape[0], Y.shape[0], X.shape[1]
     out = C.empty((n, m), X.dtype, dev)
     if n == 0 or m == 0:
         return out
+    X, Y = C.shifted(X, Y)
     dot = C.dot_precision(X.dtype, precision)
     BLOCK, BLOCK_K, warps = _tiles(max(n, m), D, X.dtype, dot)
     _cross_gram_kernel[(triton.cdiv(n, BLOCK), triton.cdiv(m, BLOCK))](
@@ -308,21 +310,24 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
     """K(X, Y) @ V (n, p) for X (n, D), Y (m, D), V (m, p); K is never stored. Y is split into
     chunks over a third grid axis when the row tiles alone would leave SMs idle (a partial
     wave); the chunks' partial products are summed in a fixed order."""
-    X, Y, V = X.contiguous(), Y.contiguous(), V.contiguous()
+    V = V.contiguous()
     n, m, D, p = X.shape[0], Y.shape[0], X.shape[1], V.shape[1]
     out = C.empty((n, p), X.dtype, X.device)
     if n == 0 or p == 0:
         return out
     if m == 0:
         return out.zero_()
+    X, Y = C.shifted(X, Y)
     f64 = X.dtype == torch.float64
     dot = C.dot_precision(X.dtype, precision)
     resident = D <= _RESIDENT_D
     if X.dtype == torch.float32 and dot != "ieee":
         bm, bn, warps = _MATMUL_TC
-        # a resident (128, 128) X tile at tf32x3 needs 270 KB of shared memory (the sm_90 compile
-        # check): past D = 64 the tensor-core kernel streams X in BLOCK_D chunks instead
-        resident = D <= 64
+        # the tensor-core kernel streams X in BLOCK_D chunks at every D: a resident (128, 128) X
+        # tile at tf32x3 needs 270 KB of shared memory, and a resident (128, 64) one spilled in
+        # the hot loop under triton 3.8 (255 registers, 6-10 local-memory operations per Y tile);
+        # streamed, it does not spill, at the same modelled time (sm_90 compile report)
+        resident = False
         BLOCK_M, BLOCK_N = C.block(n, 16, bm), C.block(m, 16, bn)
         warps = warps if BLOCK_M >= 128 and BLOCK_N >= 64 else 4
     else:
