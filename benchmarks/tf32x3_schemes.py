@@ -28,6 +28,7 @@ its hot loop: instructions, HGMMA count, wgmma waits (and how many leave nothing
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -124,32 +125,103 @@ def offset_cloud(n, D, device, seed=0):
 
 
 def accuracy_offset(device, emit):
-    """rbf_gram / rbf_matmul / projection on the offset cloud: geomkern's default path vs the
-    float32 torch reference, both against float64."""
+    """rbf_gram / rbf_matmul on one offset cloud (X and Y: rows of the same cloud): each
+    backend's float32 result against float64."""
     import geomkern as gk
-    from geomkern import _dispatch
     from geomkern.ops import rbf as rrbf
-    X64, gamma = offset_cloud(1000, 512, device)
-    Y64, _ = offset_cloud(700, 512, device, seed=1)
+    Z64, gamma = offset_cloud(1700, 512, device)
+    X64, Y64 = Z64[:1000], Z64[1000:]
     X, Y = X64.float(), Y64.float()
-    ref = rrbf.gram_reference(X64, None, gamma, False)
-    ref_xy = rrbf.gram_reference(X64, Y64, gamma, False)
-    V64 = torch.randn(700, 16, dtype=torch.float64, device=device,
-                      generator=torch.Generator(device=device).manual_seed(2))
-    rows = {
-        "rbf_gram symmetric, geomkern default": (gk.rbf_gram(X, gamma=gamma), ref),
-        "rbf_gram symmetric, torch float32 reference": (rrbf.gram_reference(X, None, gamma, False), ref),
-        "rbf_gram cross, geomkern default": (gk.rbf_gram(X, Y, gamma=gamma), ref_xy),
-        "rbf_gram cross, torch float32 reference": (rrbf.gram_reference(X, Y, gamma, False), ref_xy),
-        "rbf_matmul, geomkern default": (gk.rbf_matmul(X, Y, V64.float(), gamma=gamma),
-                                         ref_xy @ V64),
+    V64 = torch.rand(700, 16, dtype=torch.float64, device=device,
+                     generator=torch.Generator(device=device).manual_seed(2))
+    refs = {"rbf_gram symmetric": rrbf.gram_reference(X64, None, gamma, False),
+            "rbf_gram cross": rrbf.gram_reference(X64, Y64, gamma, False),
+            "rbf_matmul": rrbf.gram_reference(X64, Y64, gamma, False) @ V64}
+    calls = {"rbf_gram symmetric": lambda: gk.rbf_gram(X, gamma=gamma),
+             "rbf_gram cross": lambda: gk.rbf_gram(X, Y, gamma=gamma),
+             "rbf_matmul": lambda: gk.rbf_matmul(X, Y, V64.float(), gamma=gamma)}
+    for name, call in calls.items():
+        for backend in ("triton", "reference"):
+            with gk.set_backend(backend):
+                err = rel_err(call(), refs[name])
+            rec = {"step": "schemes", "kind": "offset_accuracy", "provider": f"{name}, {backend}",
+                   "op": name, "backend": backend, "tf32x3_scheme": C.TF32X3,
+                   "gamma_x2": 200.0, "n": 1000, "m": 700, "D": 512, "rel_err_vs_float64": err}
+            emit(rec)
+            print(f"  offset cloud  {rec['provider']:32s} rel err {err:.2e}")
+
+
+def default_paths(device, emit):
+    """Each op with a Triton kernel through the public API (validation included), Triton at the
+    default precision against the torch reference (float32 GEMMs, TF32 off: the same accuracy
+    class), same inputs, timed interleaved; each result's error against float64. This is the
+    measurement ``auto``'s choice on CUDA rests on."""
+    import geomkern as gk
+    g = torch.Generator(device=device).manual_seed(5)
+
+    def rows(n, D):
+        t = torch.randn(n, D, dtype=torch.float64, device=device, generator=g)
+        return t / t.norm(dim=1, keepdim=True)
+    X, Y, B = rows(4096, 512), rows(4096, 512), rows(512, 512)
+    big = rows(20000, 64)
+    V = torch.rand(20000, 16, dtype=torch.float64, device=device, generator=g)
+    sizes = [round(100 + (2000 - 100) * i / 29) for i in range(30)]
+    off = torch.tensor([0] + list(torch.tensor(sizes).cumsum(0)), device=device)
+    Xs = rows(int(off[-1]), 512)
+    Z0 = rows(5000, 512)
+    T = torch.rand(5000, 512, dtype=torch.float64, device=device, generator=g) / 512
+    with gk.set_backend("reference"):
+        fit32 = gk.kpca(Xs.float(), off, n_components=8, gamma=1.0)
+    # the float64 oracle projects with the same coefficients (a fit assembled by hand carries no
+    # fingerprint of X, so the float64 X is accepted)
+    fit64 = dataclasses.replace(fit32, fingerprint=None, **{
+        f.name: getattr(fit32, f.name).double() for f in dataclasses.fields(fit32)
+        if f.name != "fingerprint" and torch.is_tensor(getattr(fit32, f.name))
+        and getattr(fit32, f.name).is_floating_point()})
+    cases = {
+        "rbf_gram symmetric 4096 x D512": lambda x: gk.rbf_gram(x(X), gamma=1.0),
+        "rbf_gram cross 4096 x 4096 x D512": lambda x: gk.rbf_gram(x(X), x(Y), gamma=1.0),
+        "rbf_matmul 20000^2 x D64, p16": lambda x: gk.rbf_matmul(x(big), x(big), x(V), gamma=1.0),
+        "preimage gd 5000 x S512 x D512, 20 steps": lambda x: gk.preimage(
+            x(Z0), x(B), x(T), gamma=1.0, method="gd", steps=20),
+        "preimage fixed_point 5000 x S512 x D512, 20 steps": lambda x: gk.preimage(
+            x(Z0), x(B), x(T), gamma=1.0, method="fixed_point", steps=20),
     }
-    for name, (out, r) in rows.items():
-        rec = {"step": "schemes", "kind": "offset_accuracy", "provider": name,
-               "gamma_x2": 200.0, "n": X.shape[0], "D": 512, "rel_err_vs_float64": rel_err(out, r),
-               "backend": _dispatch.resolve("rbf_gram", X.device.type)}
+    cases["project_onto_basis 30 clusters, S512, d8"] = lambda x: gk.project_onto_basis(
+        x(Xs), fit32 if x(Xs).dtype == torch.float32 else fit64, x(B), gamma=1.0)
+    f32 = lambda t: t.float()  # noqa: E731
+    f64 = lambda t: t  # noqa: E731
+    for name, call in cases.items():
+        try:
+            with gk.set_backend("reference"):
+                ref = call(f64)
+            outs, times = {}, {"triton": [], "reference": []}
+            fns = {}
+            for backend in ("triton", "reference"):
+                def fn(backend=backend):
+                    with gk.set_backend(backend):
+                        return call(f32)
+                fns[backend] = fn
+                outs[backend] = rel_err(fn(), ref)
+            torch.cuda.synchronize()
+            for _ in range(2):
+                for backend, fn in fns.items():
+                    times[backend].append(triton.testing.do_bench(fn, warmup=10, rep=60,
+                                                                  return_mode="median"))
+        except Exception as exc:  # noqa: BLE001 - one op failing must not lose the others
+            emit({"step": "schemes", "kind": "default_path", "case": name, "error": repr(exc)[:300]})
+            print(f"  {name}: failed {exc!r}")
+            continue
+        t = {b: min(v) * 1e3 for b, v in times.items()}
+        rec = {"step": "schemes", "kind": "default_path", "case": name,
+               "tf32x3_scheme": C.TF32X3, "device": torch.cuda.get_device_name(),
+               "triton_us": round(t["triton"], 1), "reference_us": round(t["reference"], 1),
+               "triton_speedup": round(t["reference"] / t["triton"], 2),
+               "triton_rel_err": outs["triton"], "reference_rel_err": outs["reference"],
+               "label": "measured (public op, do_bench median, min of 2 interleaved rounds)"}
         emit(rec)
-        print(f"  offset cloud  {name:48s} rel err {rec['rel_err_vs_float64']:.2e}")
+        print(f"  {name:48s} triton {t['triton']:9.1f} us (err {outs['triton']:.1e})  reference "
+              f"{t['reference']:9.1f} us (err {outs['reference']:.1e})  -> {rec['triton_speedup']}x")
 
 
 def run_gpu(emit):
@@ -188,6 +260,7 @@ def run_gpu(emit):
         print(f"  {name:44s} {rec['median_us'] or float('nan'):9.1f} us "
               f"{rec['nominal_tflops'] or float('nan'):7.1f} TF/s  err {errs[name]}")
     accuracy_offset(dev, emit)
+    default_paths(dev, emit)
     del base
 
 

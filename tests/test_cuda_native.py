@@ -32,8 +32,9 @@ from geomkern.ops.eigh import eigh_reference
 from geomkern.ops.preimage import default_gd_lr, gd_reference
 
 CUDA = torch.cuda.is_available()
-# on a GPU machine where setup.py did not build the extension, say why instead of failing
-needs_ext = pytest.mark.skipif(CUDA and native_cuda.cuda_why_not(),
+# on a GPU machine where setup.py did not build the extension, say why instead of failing;
+# bool(): pytest evaluates a str condition as Python source, and "" (built) was a SyntaxError there
+needs_ext = pytest.mark.skipif(bool(CUDA and native_cuda.cuda_why_not()),
                                reason=f"geomkern._C_cuda is not built: {native_cuda.cuda_why_not()}")
 # Same bounds as the emulated tests (tests/test_cuda_emulated.py): the solver computes in double,
 # so float32 results are limited by their final rounding (emulation: <= 1e-7).

@@ -109,6 +109,7 @@ def test_flower_apps_give_the_local_engines_results(blobs, tmp_path):
     assert _seed_metrics(flower) == _seed_metrics(local)
     for name in ("results.json", "results.csv", "timings.json", "accuracy.png"):
         assert (tmp_path / "flower" / name).is_file()
+    assert json.loads((tmp_path / "flower" / "config.json").read_text())["engine"] == "flower"
     tim = json.loads((tmp_path / "flower" / "timings.json").read_text())["FedAvg+GGEUR"]["0"]
     m = flower["methods"]["FedAvg+GGEUR"]["seeds"]["0"]
     # wire bytes = tensor bytes + headers (npy per array, safetensors JSON per blob), never less

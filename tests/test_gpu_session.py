@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("headline", "schemes", "gpu_tests", "build", "native", "rest_model")
+STEPS = ("headline", "schemes", "gpu_tests", "build", "native", "rest:model")
 
 triton = pytest.importorskip("triton", reason="the dry run compiles Triton kernels for sm_90")
 

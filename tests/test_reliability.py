@@ -207,6 +207,79 @@ def test_resume_with_flags_applies_more_rounds_and_refuses_the_rest(tmp_path, bl
     assert json.loads((out / "config.json").read_text())["rounds"] == 4
 
 
+def _strict_json(path):
+    """The file as JSON, refusing the NaN / Infinity tokens that are not JSON (RFC 8259)."""
+    def refuse(token):
+        raise AssertionError(f"{path.name} holds {token}")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_infinite_epsilon_total_runs_end_to_end_and_resumes(tmp_path, blobs):
+    """--epsilon-total inf (allowed by --help: no noise) used to train and then fail writing
+    results.json, leaving a folder --resume could not finish either. Infinities are the string
+    "inf" in config.json and results.json, read back as inf by --resume."""
+    from fedsim.cli import main
+
+    out = tmp_path / "o"
+    flags = ["--quiet", "--threads", "1"]
+    assert main(["run", "--dataset", str(blobs), "--clients", "3", "--rounds", "1", "--min-size", "5",
+                 "--algorithms", "fedavg", "--augmenters", "fedmc", "--epsilon-total", "inf",
+                 "--out", str(out)] + flags) == 0
+    cfg, res = _strict_json(out / "config.json"), _strict_json(out / "results.json")
+    assert cfg["methods"][0]["augmenter_params"] == {"epsilon_total": "inf"}
+    assert res["config"]["methods"][0]["augmenter_params"] == {"epsilon_total": "inf"}
+    assert res["methods"]["FedAvg+FedMC"]["seeds"]["0"]["privacy"]["epsilon_spent"] == [None] * 3  # no noise
+    # a resumed run reads "inf" back as inf: more rounds continue the finished run
+    assert main(["run", "--resume", str(out), "--rounds", "2"] + flags) == 0
+    res = _strict_json(out / "results.json")
+    assert res["config"]["rounds"] == 2 and len(res["methods"]["FedAvg+FedMC"]["seeds"]["0"]["accuracy"]) == 2
+    assert _strict_json(out / "config.json")["methods"][0]["augmenter_params"] == {"epsilon_total": "inf"}
+    # the folder the failure left behind (config.json with Python's Infinity token, no results.json)
+    # is finished by --resume
+    old = json.loads((out / "config.json").read_text())
+    old["methods"][0]["augmenter_params"]["epsilon_total"] = math.inf
+    del old["engine"]
+    (out / "config.json").write_text(json.dumps(old))
+    (out / "results.json").unlink()
+    assert main(["run", "--resume", str(out)] + flags) == 0
+    assert _strict_json(out / "results.json")["config"]["methods"][0]["augmenter_params"] == {"epsilon_total": "inf"}
+
+
+def test_run_json_files_write_infinity_as_inf_and_config_json_reads_it_back(tmp_path):
+    from fedsim._io import json_text
+    from fedsim._validate_config import read_config_json
+
+    text = json_text({"a": [math.inf, -math.inf, 1.5], "b": {"c": math.inf}})
+    assert json.loads(text) == {"a": ["inf", "-inf", 1.5], "b": {"c": "inf"}}
+    with pytest.raises(ValueError):  # NaN has no meaning in a run's files
+        json_text({"a": math.nan})
+    cfg = RunConfig(dataset="inf", methods=[MethodSpec("inf", augmenter="fedmc",
+                                                       augmenter_params={"epsilon": math.inf})])
+    path = tmp_path / "config.json"
+    runner.write_config_json(cfg, tmp_path, "local")
+    stored, engine = read_config_json(path)
+    assert engine == "local" and RunConfig.from_dict(stored) == cfg  # names "inf" stay names
+    assert stored["methods"][0]["augmenter_params"]["epsilon"] == math.inf
+
+
+def test_config_json_records_the_engine(tmp_path, blobs):
+    from fedsim._validate_config import read_config_json
+
+    out = tmp_path / "o"
+    runner.run(_cfg(blobs, rounds=1), out, progress=False)
+    assert json.loads((out / "config.json").read_text())["engine"] == "local"
+    # a resume reads it (it is a record, not a RunConfig key) and keeps it when --rounds grows
+    runner.run(RunConfig(), out, resume=True, progress=False, changes={"rounds": 2})
+    stored, engine = read_config_json(out / "config.json")
+    assert engine == "local" and stored["rounds"] == 2 and "engine" not in stored
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["engine"] = "ray"
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"config\.json.*engine must be one of .*'local'.*got 'ray'"):
+        runner.run(RunConfig(), out, resume=True, progress=False, changes={"rounds": 3})
+
+
 # ------------------------------------------------------------------------------ 4: divergence
 def test_divergence_stops_naming_round_client_and_cause(tmp_path, blobs):
     with pytest.raises(RuntimeError) as info:

@@ -4,6 +4,7 @@ not depend on the thread count."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -131,6 +132,48 @@ def test_centralised_row_is_one_client_with_all_data(tmp_path, blobs):
     with pytest.raises(ValueError, match="Centralised"):
         runner.run(_cfg(blobs, methods=[MethodSpec("centralised")], centralised=True), tmp_path / "p",
                    progress=False)
+
+
+def test_beta_is_recorded_only_where_the_partition_uses_it(tmp_path, blobs, capsys):
+    from fedsim.cli import main
+    from fedsim.data.partition import SCHEMES, USES_BETA, partition
+
+    # USES_BETA is what partition() does: beta changes exactly those schemes' partitions
+    g = torch.Generator().manual_seed(0)
+    labels, domains = torch.randint(0, 5, (400,), generator=g), torch.randint(0, 2, (400,), generator=g)
+    for scheme in SCHEMES:
+        a, b = (partition(scheme, labels=labels, domains=domains, n_clients=4, beta=beta, min_size=5)
+                for beta in (0.1, 100.0))
+        assert any(not torch.equal(x, y) for x, y in zip(a, b)) == (scheme in USES_BETA), scheme
+    base = ["run", "--dataset", str(blobs), "--clients", "4", "--rounds", "1", "--min-size", "5",
+            "--algorithms", "fedavg", "--augmenters", "none", "--quiet", "--threads", "1"]
+    assert main(base + ["--partition", "iid", "--beta", "0.7", "--out", str(tmp_path / "iid")]) == 0
+    assert "partition iid, 4 clients" in capsys.readouterr().out
+    assert "beta" not in json.loads((tmp_path / "iid" / "results.json").read_text())["config"]
+    assert json.loads((tmp_path / "iid" / "config.json").read_text())["beta"] == 0.7  # what --resume verifies
+    assert main(base + ["--beta", "0.7", "--out", str(tmp_path / "dir")]) == 0
+    assert "partition dirichlet beta=0.7, 4 clients" in capsys.readouterr().out
+    assert json.loads((tmp_path / "dir" / "results.json").read_text())["config"]["beta"] == 0.7
+
+
+def test_timings_hold_each_methods_wall_time(tmp_path, blobs):
+    out = tmp_path / "o"
+    methods = [MethodSpec("FedAvg"), MethodSpec("FedAvg+GGEUR", augmenter="ggeur")]
+    runner.run(_cfg(blobs, methods=methods, seeds=2, centralised=True), out, progress=False)
+    wall = {name: {s: t["wall_s"] for s, t in per_seed.items()}
+            for name, per_seed in json.loads((out / "timings.json").read_text()).items()}
+    assert set(wall) == {"FedAvg", "FedAvg+GGEUR", "Centralised"}
+    assert all(set(w) == {"0", "1"} and all(v > 0 for v in w.values()) for w in wall.values()), wall
+    # a resume finds FedAvg finished and does not run it: its wall time stays the one recorded
+    (out / "results.json").unlink()
+    shutil.rmtree(out / "runs" / "fedavg-ggeur-seed1")
+    runner.run(RunConfig(), out, resume=True, progress=False)
+    again = json.loads((out / "timings.json").read_text())
+    assert {s: t["wall_s"] for s, t in again["FedAvg"].items()} == wall["FedAvg"]
+    assert again["FedAvg+GGEUR"]["1"]["wall_s"] > 0
+    # the personalised path records it too
+    runner.run(_cfg(blobs, methods=[MethodSpec("Local", algorithm="local")]), tmp_path / "p", progress=False)
+    assert json.loads((tmp_path / "p" / "timings.json").read_text())["Local"]["0"]["wall_s"] > 0
 
 
 def test_thread_default_follows_cpus_quota_and_work(tmp_path, monkeypatch):
