@@ -1,8 +1,10 @@
 """The one way fedsim writes a file that must never be seen half-written (checkpoints, results,
 datasets, embedding chunks): write a temporary sibling, flush it to the disk, then rename it over
-the target and flush the folder."""
+the target and flush the folder; and the one way it writes a run's JSON files (``json_text``)."""
 from __future__ import annotations
 
+import json
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,3 +55,22 @@ def remove_stale_tmp(folder) -> list[Path]:
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed
+
+
+def json_text(obj) -> str:
+    """``obj`` as strict JSON text (indented) for a run's files (config.json, results.json,
+    timings.json). JSON has no infinity, and Python's own ``Infinity`` token is refused by strict
+    readers (jq, JavaScript), so an infinite float, which a configuration may hold (fedmc's
+    ``epsilon`` and ``epsilon_total`` accept inf: no DP noise), is written as the string "inf"
+    (or "-inf"); ``_validate_config.read_config_json`` turns it back into a float. NaN has no
+    meaning in these files: it raises ValueError."""
+    def encode(v):
+        if isinstance(v, float) and math.isinf(v):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: encode(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [encode(x) for x in v]
+        return v
+
+    return json.dumps(encode(obj), indent=2, allow_nan=False)

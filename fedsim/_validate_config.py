@@ -394,8 +394,17 @@ def check_out(out, *, resume: bool) -> Path:
     return out
 
 
-def read_config_json(path: Path) -> dict:
-    """A resumed run's config.json as a dict (a clear error for a damaged file)."""
+# what config.json records as the engine a run was started on (runner.write_config_json): --engine's choices
+RECORDED_ENGINES = ("local", "flower")
+
+
+def read_config_json(path: Path) -> tuple[dict, str | None]:
+    """A run's config.json (runner.write_config_json) as (its RunConfig keys, the engine it records:
+    "local", "flower", or None in a run folder written before the engine was recorded), with a
+    clear error for a damaged file. The string "inf" (or "-inf") in a params table is the infinite
+    float it stands for (_io.json_text writes infinities so): the params tables are the only place a
+    value may be infinite (fedmc's epsilon and epsilon_total), and a string "inf" means nothing else
+    there; elsewhere (a method or dataset named "inf") it stays a string."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -403,7 +412,28 @@ def read_config_json(path: Path) -> dict:
                           "run cannot be resumed: start it again with another --out") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object of configuration keys, got {_show(data)}")
-    return data
+    engine = data.pop("engine", None)
+    if engine not in (None, *RECORDED_ENGINES):
+        raise ConfigError(f"{path}: engine must be one of {list(RECORDED_ENGINES)} (the engine the run was "
+                          f"started on), got {_show(engine)}")
+
+    def number(v):
+        if v in ("inf", "-inf"):
+            return float(v)
+        if isinstance(v, list):
+            return [number(x) for x in v]
+        if isinstance(v, dict):
+            return {k: number(x) for k, x in v.items()}
+        return v
+
+    # anything malformed is left as it is, for check_config to name
+    if isinstance(data.get("model_params"), dict):
+        data["model_params"] = number(data["model_params"])
+    for m in data.get("methods") if isinstance(data.get("methods"), list) else ():
+        for key in ("algorithm_params", "augmenter_params"):
+            if isinstance(m, dict) and isinstance(m.get(key), dict):
+                m[key] = number(m[key])
+    return data, engine
 
 
 # What `--resume DIR` may change: only the number of rounds, upwards (the first rounds are the same

@@ -109,13 +109,14 @@ def _auto_threads(cfg) -> int:
     import inspect
 
     from ._threads import default_threads, step_work
+    from ._validate_config import read_config_json
     from .data import load_dataset
     from .models import MLPHead
     from .runner import RunConfig
 
     try:
         if isinstance(cfg, Path):
-            cfg = RunConfig.from_dict(json.loads(cfg.read_text()))
+            cfg = RunConfig.from_dict(read_config_json(cfg)[0])
         ds = load_dataset(cfg.dataset)
     except (OSError, ValueError, KeyError, TypeError):
         return 1
@@ -131,7 +132,7 @@ def _run(args) -> int:
     import torch
 
     from ._validate_config import FLAGS
-    from .report import format_table
+    from .report import format_table, partition_text
     from .runner import RunConfig, run
 
     if args.threads:
@@ -164,7 +165,7 @@ def _run(args) -> int:
     timings = json.loads((out / "timings.json").read_text())
     print(results["dataset"])
     c = results["config"]
-    print(f"partition {c['partition']} beta={c['beta']}, {c['n_clients']} clients, {c['rounds']} rounds, "
+    print(f"partition {partition_text(c)}, {c['n_clients']} clients, {c['rounds']} rounds, "
           f"{c['seeds']} seed(s) from {c['seed']}, model {c['model']}")
     print(format_table(results, timings))
     print(f"wrote {out}/results.json, results.csv, timings.json, table.txt, accuracy.png, partition.png, "
@@ -322,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FedMC's privacy budget per client for all of its DP releases together, split "
                         "evenly over the most it can make (2 under protocol 'fixed'; 1 + rounds under "
                         "'algorithm1', one per round it takes part in); results.json reports what each "
-                        "client spent. Instead of the per-release epsilon of its augmenter_params")
+                        "client spent. Instead of the per-release epsilon of its augmenter_params; inf: no "
+                        "noise (written as the string \"inf\" in config.json and results.json)")
     r.add_argument("--engine", choices=("local", "flower"), default="local",
                    help="local: every client in this process (default); flower: Flower's Simulation Engine "
                         "(Ray), one virtual SuperNode per client, the same results (pip install 'geomkern[flower]'; "

@@ -17,7 +17,6 @@ train and test split, as personalised FL benchmarks do (PFLlib).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -25,7 +24,6 @@ import numpy as np
 import torch
 
 from . import _checkpoint
-from ._io import atomic_write
 from ._progress import progress_bar
 from ._seeds import TRAIN, generator
 from .algorithms import build_algorithm
@@ -37,7 +35,7 @@ from .data.partition import partition
 from .data import mixed
 from .data.toy import is_toy, load_toy
 from .models import PersonalNet
-from .runner import slug
+from .runner import results_config, slug, write_config_json
 
 def is_personal_run(cfg) -> bool:
     """Whether ``cfg`` runs on this path; a mix it cannot run is an error naming the fix."""
@@ -143,6 +141,7 @@ def _accuracy(model, x, y) -> float:
 
 def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path, *,
                         progress: bool = True) -> tuple[dict, dict]:
+    t_start = time.perf_counter()
     dev = torch.device(cfg.device)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
@@ -187,6 +186,9 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
                 f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1")
         history, timings = state["history"], state["timings"]
         algo.load_state_dict(state["algorithm"])
+    # wall_s as in runner.run_method: summed over the sessions that ran this (method, seed), each up to
+    # its last checkpoint; a resume that finds it finished runs no round and leaves it as recorded
+    wall_before = timings.get("wall_s", 0.0)
 
     def load(cid):
         models[cid].load_state_dict({**personal[cid], **shared[group[cid]]})
@@ -222,6 +224,7 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
         history.append({"round": r + 1, "accuracy": float(np.mean(client_acc)), "client_accuracy": client_acc,
                         "train_loss": float(np.mean(losses)), "bytes_up": up, "bytes_down": down})
         timings["rounds"].append({"round": r + 1, "train_s": time.perf_counter() - t0, "geometry_s": 0.0})
+        timings["wall_s"] = wall_before + (time.perf_counter() - t_start)
         _checkpoint.save(ckpt, {"round": r + 1, "personal": personal, "shared": shared,
                                 "algorithm": algo.state_dict(), "history": history, "timings": timings},
                          fingerprint=fingerprint, dataset=dataset_sum)
@@ -247,10 +250,11 @@ def run_personal(cfg, out: Path, *, resume: bool = False, progress: bool = True)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     datasets = {s: personal_dataset(cfg, s) for s in seeds}  # before writing anything
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_write(out / "config.json") as tmp:  # again on resume: it may have raised rounds
-        tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
+    # again on resume: it may have raised rounds; personalised runs run on the local engine only
+    # (flower.server_app.check_supported refuses them)
+    write_config_json(cfg, out, "local")
     first = datasets[seeds[0]]
-    results = {"config": cfg.to_dict(), "dataset": first.summary(), "personalised": True, "methods": {}}
+    results = {"config": results_config(cfg), "dataset": first.summary(), "personalised": True, "methods": {}}
     timings = {}
     for spec in cfg.methods:
         per_seed, tim = {}, {}

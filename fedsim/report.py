@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import numpy as np
 
-from ._io import atomic_write
+from ._io import atomic_write, json_text
 from .data.partition import class_matrix
 
 
@@ -151,6 +150,12 @@ def _pyplot():
     return plt
 
 
+def partition_text(cfg: dict) -> str:
+    """A run's partition for titles and headers, e.g. "dirichlet beta=0.1"; "iid" alone (results.json
+    records beta only where the partition uses it: runner.results_config)."""
+    return cfg["partition"] + (f" beta={cfg['beta']}" if "beta" in cfg else "")
+
+
 def _seeds_text(cfg: dict) -> str:
     n = cfg["seeds"]
     return f"seed {cfg['seed']}" if n == 1 else f"{n} seeds ({cfg['seed']}-{cfg['seed'] + n - 1})"
@@ -181,7 +186,7 @@ def plot_accuracy(results: dict, path: Path) -> None:
             ax.fill_between(x, A.mean(0) - sd, A.mean(0) + sd, alpha=0.15, color=color, lw=0)
     band = "; band: ± sample std over seeds" if multi else ""
     ax.set(xlabel="round", ylabel="test accuracy (%)",
-           title=f"{results['dataset'].split(':')[0]}: {cfg['partition']} beta={cfg['beta']}, {cfg['n_clients']} clients"
+           title=f"{results['dataset'].split(':')[0]}: {partition_text(cfg)}, {cfg['n_clients']} clients"
                  f"\nhead {cfg['model']}, lr {cfg['lr']:g}, {_seeds_text(cfg)}" + ("; mean over seeds" if multi else "")
                  + band)
     ax.title.set_fontsize(10)
@@ -282,10 +287,11 @@ def write_outputs(results: dict, timings: dict, ds, parts, out: Path) -> None:
             for seed, v in m["seeds"].items():
                 for r, (a, l) in enumerate(zip(v["accuracy"], v["train_loss"]), 1):
                     w.writerow([name, seed, r, f"{a:.6f}", f"{l:.6f}"])
-    for name, text in (("timings.json", json.dumps(timings, indent=2)),
+    for name, text in (("timings.json", json_text(timings)),
                        ("table.txt", format_table(results, timings) + "\n\n" + format_per_class(results, ds.class_names)
                         + "\n"),
                        # results.json last: its presence marks a finished run; never NaN/Infinity in it
-                       ("results.json", json.dumps(results, indent=2, allow_nan=False))):
+                       # (an infinite epsilon of the configuration is the string "inf": json_text)
+                       ("results.json", json_text(results))):
         with atomic_write(out / name) as tmp:
             tmp.write_text(text)

@@ -4,7 +4,8 @@ Determinism: all randomness is derived from (seed, round, client) — client sam
 augmentation, the augmenters' set-up (one derivation, ``_seeds.py``) — so a run resumed from its
 last checkpoint continues exactly as an uninterrupted one. Each (method, seed) writes ``checkpoint.pt`` after every round (atomic rename); the run's
 ``results.json`` appears only when every method and seed has finished. Timings go to
-``timings.json`` (they differ between runs; the results do not).
+``timings.json`` (they differ between runs; the results do not): per (method, seed) the seconds
+of each round's training and geometry, the one-time geometry set-up and the wall time (``wall_s``).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from . import _checkpoint
-from ._io import atomic_write, remove_stale_tmp
+from ._io import atomic_write, json_text, remove_stale_tmp
 from ._params import apply_params, check_params_table
 from ._progress import progress_bar
 from ._seeds import AUGMENT, TRAIN, generator
@@ -28,7 +29,7 @@ from .augmenters import ClientData, build_augmenter
 from ._validate_config import ConfigError, apply_resume_changes, check_config, check_out, read_config_json
 from .client import DivergedError, local_train
 from .data import load_dataset
-from .data.partition import feature_shift, partition
+from .data.partition import USES_BETA, feature_shift, partition
 from .metrics import final_report
 from .models import MODELS, apply_run_defaults, build_model, has_trunk, run_defaults
 from .prompt import check_prompt_dataset
@@ -162,6 +163,25 @@ def load_config(path) -> RunConfig:
     return config_from_tables(read_config_toml(path), where=f"config file {path}")
 
 
+def write_config_json(cfg: RunConfig, out: Path, engine: str) -> None:
+    """out/config.json: every RunConfig field (what ``--resume`` reads back through
+    _validate_config.read_config_json) and ``engine``, the engine the run was started on ("local" or
+    "flower", as ``--engine``), a record only: it is not a RunConfig field. An infinite value
+    (fedmc's epsilon, epsilon_total) is the string "inf" (_io.json_text)."""
+    with atomic_write(out / "config.json") as tmp:
+        tmp.write_text(json_text({**cfg.to_dict(), "engine": engine}))
+
+
+def results_config(cfg: RunConfig) -> dict:
+    """The configuration results.json records: every RunConfig field, less ``beta`` where the
+    partition draws no Dirichlet (iid), so that a value which played no part is not reported.
+    (config.json keeps it: a resumed run's checkpoints are verified against every field.)"""
+    d = cfg.to_dict()
+    if cfg.partition not in USES_BETA:
+        del d["beta"]
+    return d
+
+
 # ------------------------------------------------------------------------------ helpers
 @torch.no_grad()
 def evaluate(model, x, y, d=None, n_domains: int = 0) -> tuple[float, list[float]]:
@@ -219,6 +239,7 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     returns each selected client's (ClientUpdate, geometry s, train s) in cid order, the clients
     running elsewhere (fedsim/flower/server_app.py: Flower's SuperNodes).
     Returns (metrics, timings). A non-finite loss or weights raise DivergedError."""
+    t_start = time.perf_counter()
     dev = torch.device(cfg.device)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
@@ -244,6 +265,13 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
         privacy, aug_state = state.get("privacy"), state.get("augmenter", {})
         algo.load_state_dict(state["algorithm"])
         zero_shot = state.get("zero_shot")
+    # wall_s: this (method, seed)'s wall time, summed over the sessions that ran it, each from the start
+    # of this call to its last checkpoint (the final evaluation after it, and the time an interruption lost
+    # after it, are not counted). It is checkpointed with the rounds, so a resume that finds the
+    # method finished returns below without running it and reports the time recorded when it ran,
+    # not the seconds that resume spent loading it (a checkpoint written before wall_s was recorded
+    # has none).
+    wall_before = timings.get("wall_s", 0.0)
     if zero_shot is None and (cfg.zero_shot or cfg.model == "prompt"):  # round 0: the untrained model
         zero_shot = evaluate(model, x_test, y_test)[0]
     if start >= cfg.rounds:
@@ -308,6 +336,7 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
                         "bytes_up": up, "bytes_down": down})
         timings["rounds"].append({"round": r + 1, "train_s": t_train, "geometry_s": t_geom})
         privacy = augmenter.privacy(len(clients))  # a per-round exchange spends more each round
+        timings["wall_s"] = wall_before + (time.perf_counter() - t_start)
         _checkpoint.save(ckpt, {"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
                                 "history": history, "timings": timings, "privacy": privacy,
                                 "augmenter": augmenter.state_dict(), "zero_shot": zero_shot},
@@ -431,17 +460,22 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
         if resume:
             raise ValueError(f"--resume {out_dir}: a run on the Flower engine cannot be resumed (its clients' state "
                              "lived in the SuperNodes of that run); start it again with another --out")
+    # what config.json records: a Grid (a real deployment's) runs the Flower engine too, as in timings.json
+    engine_name = "local" if engine == "local" else "flower"
     out = check_out(out_dir, resume=resume)
     if resume:
         cfg_path = out / "config.json"
         if not cfg_path.is_file():
             raise ValueError(f"--resume {out}: no config.json there, so it is not a fedsim run folder")
         try:
-            cfg = RunConfig.from_dict(read_config_json(cfg_path)).validate()
+            stored, recorded_engine = read_config_json(cfg_path)
+            cfg = RunConfig.from_dict(stored).validate()
         except ValueError as exc:
             raise ConfigError(f"--resume {out}: {cfg_path} cannot be used ({exc}); the run cannot be resumed: "
                               "start it again with another --out") from None
         stored_rounds = cfg.rounds
+        # config.json, rewritten below when --rounds grows, keeps the engine the run was started on
+        engine_name = recorded_engine or engine_name
         apply_resume_changes(cfg, changes or {}, out)
         if _finished(out, cfg):
             raise ValueError(f"--resume {out}: that run already finished (results.json exists); pass "
@@ -481,10 +515,9 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
         for p in remove_stale_tmp(out):
             print(f"fedsim: removed {p}, left by an interrupted write", file=sys.stderr)
     if not resume or cfg.rounds != stored_rounds:
-        with atomic_write(out / "config.json") as tmp:
-            tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
+        write_config_json(cfg, out, engine_name)
     try:
-        results = {"config": cfg.to_dict(), "dataset": ds.summary(), "methods": {}}
+        results = {"config": results_config(cfg), "dataset": ds.summary(), "methods": {}}
         timings = {}
         done = {}
         if engine != "local":  # the same run_method per (method, seed), its clients on Flower SuperNodes

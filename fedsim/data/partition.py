@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 SCHEMES = ("iid", "dirichlet", "domain", "label_domain")
+# the schemes that draw from a Dirichlet(beta) (iid uses no beta; partition() below)
+USES_BETA = ("dirichlet", "domain", "label_domain")
 _SHIFT = 0x5F17  # key of the feature-shift option's streams in the seeded numpy generators
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .. import runner
+from .._io import json_text
 from . import require_flower
 
 APP_TOML = """[build-system]
@@ -141,7 +142,7 @@ def run_deployment(cfg: runner.RunConfig, out, *, timeout: float = 600.0, round_
     work = out / "flower"
     for d in ("app", "home", "logs"):
         (work / d).mkdir(parents=True, exist_ok=True)
-    (work / "run-config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    (work / "run-config.json").write_text(json_text(cfg.to_dict()))  # read back by read_config_json
     q = json.dumps
     (work / "app" / "pyproject.toml").write_text(APP_TOML.format(config=q(str(work / "run-config.json")),
                                                                  out=q(str(out)), round_timeout=float(round_timeout)))

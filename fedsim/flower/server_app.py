@@ -388,7 +388,7 @@ def deployed(grid: Grid, context: Context) -> None:
     rc = context.run_config
     path = Path(str(rc["config"]))
     if path.suffix == ".json":
-        cfg = runner.RunConfig.from_dict(runner.read_config_json(path))
+        cfg = runner.RunConfig.from_dict(runner.read_config_json(path)[0])  # [1], the engine it records: not needed
     else:
         cfg = runner.load_config(path)
     runner.run(cfg, Path(str(rc["out"])), progress=False, engine=grid,
