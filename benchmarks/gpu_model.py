@@ -41,24 +41,37 @@ Constants (H100 SXM5, datasheet unless said otherwise)
 
 Achieved fractions (``predicted_us``; ``roofline_us`` stays at the datasheet peaks)
 ----------------------------------------------------------------------------------
-- Tensor-core pipes (HGMMA, HMMA, DMMA): TENSOR_FRACTION = 0.807, measured on this workplace's
-  H100 (tool library, device/KINDS.md, 2026-11-13): an 8192^3 bf16 GEMM through PyTorch ran at
-  798 TF/s against 989 TF/s dense peak. A GEMM-like fraction: what a tuned kernel gets.
-- HBM: HBM_FRACTION = 0.896, the same machine's device-to-device copy, 3.0 TB/s (read + write)
-  against 3.35 TB/s.
-- FP32, FP64, ALU, MUFU, shared memory, issue, L2: 1.0 of the figures above (no measurement of
-  them here; the L2 figure is already an assumption taken at the low end).
+Calibrated on this workplace's H100 (NVIDIA H100 80GB HBM3, 132 SMs, triton 3.6.0) by two bare
+Triton GEMMs of benchmarks/tf32x3_schemes.py, measured in the GPU session of 2026-11-26
+(benchmarks/results/gpu/session-h100-2026-11-26-run*.jsonl), never by the ops being predicted:
+- Tensor-core pipes (HGMMA, HMMA, DMMA): TENSOR_FRACTION = 0.64 of the datasheet rate per K step
+  of a 128 x 128 x 32 wgmma loop. The one-pass TF32 GEMM 4096 x 4096 x 512 (16 K steps a tile)
+  ran in 77.7 us, the same GEMM over K' = 1536 ("planes", 48 K steps) in 186.7 us; both have 1024
+  tiles (7.76 waves on 132 SMs), so a tile costs 3.0 us + 0.44 us a K step, against the 0.28 us a
+  K step of 128 x 128 x 32 multiply-adds takes at 495 TF/s: 0.64. (An 8192^3 bf16 cuBLAS GEMM ran
+  at 0.807 of its peak on the same machine, KINDS.md: Triton's loop gets less.)
+- The 3.0 us a tile is its 64 KB float32 output at the SM's share of HBM (3.0 TB/s / 132 = 22.7
+  GB/s: 2.9 us): with one block per SM nothing overlaps the store. ``predicted_worst_us`` adds
+  the compulsory HBM time to the loop's time instead of overlapping them.
+- HBM: HBM_FRACTION = 0.896, the device-to-device copy of KINDS.md (3.0 TB/s read + write).
+- L2: L2_BYTES_S = 8.6 TB/s, a measured lower bound: the K' = 1536 GEMM moved 1.61 GB of tile
+  loads in 186.7 us (5.5 TB/s, the figure before the GPU run, was an assumption it refutes).
+- FP32, FP64, ALU, MUFU, shared memory and issue: the datasheet / programming-guide rates.
 
 Two predictions per launch
 --------------------------
 - ``predicted_us`` (efficient): the hot loop's other instructions overlap the tensor-core work
-  (step 1 below: the loop's time is the maximum of its pipes' cycles), each pipe at its fraction.
+  (step 1 below: the loop's time is the maximum of its pipes' cycles), the HBM traffic overlaps
+  the loops, each pipe at its fraction.
 - ``predicted_worst_us`` (no overlap): where the hot loop waits for its wgmma groups to finish
   (``WARPGROUP.DEPBAR.LE gsb0, 0x0``: nothing left in flight), a K step costs the tensor-core
   cycles PLUS the cycles of its other instructions (the largest of their pipes' cycles), as if
-  no warp issued anything while the tensor cores ran. A loop whose waits leave a group in flight
-  (``0x1``: Triton's pipelined GEMM) overlaps by construction, and keeps the efficient figure.
-  The truth lies between the two on a GPU; ``--measure`` says where.
+  no warp issued anything while the tensor cores ran; a loop whose waits leave a group in flight
+  (``0x1``: Triton's pipelined GEMM) overlaps by construction and keeps its efficient loop
+  time. The compulsory HBM time is added to the loops' time, not overlapped.
+  On the GPU (2026-11-26) the measured times of the Gram, projection, rbf_matmul and K-Means
+  kernels fell inside [predicted, worst] or within 10% above it; the pre-image's did not (docs/
+  gpu-model.md has the table and what each gap says).
 
 How a launch is modelled
 ------------------------
@@ -117,13 +130,13 @@ TF32_FLOPS = 495e12
 FP16_FLOPS = 989e12
 MMA_SYNC_FRACTION = 0.62
 HBM_BYTES_S = 3.35e12
-L2_BYTES_S = 5.5e12
+L2_BYTES_S = 8.6e12   # measured lower bound (docstring)
 MUFU_PER_CLK_SM = 16
 MUFU_PER_S = MUFU_PER_CLK_SM * SMS * CLOCK_HZ
 ISSUE_PER_CLK_SM = 4
 SMEM_WAVEFRONTS_PER_CLK_SM = 1
 LAUNCH_US = 2.0
-TENSOR_FRACTION = 798.0 / 989.0   # bf16 GEMM measured on this workplace's H100 (module docstring)
+TENSOR_FRACTION = 0.64           # per K step of a Triton wgmma loop, measured (module docstring)
 HBM_FRACTION = 3.0 / 3.35         # device-to-device copy measured there
 
 REGS_PER_SM = 65536
@@ -421,9 +434,10 @@ def dot_passes(precision: str, pipe: str) -> int:
 
 
 def predict(work: Work, pipe: str, loop_efficiency: float, exp_redundancy: float,
-            dtype: str = "float32", passes: int = 1) -> dict:
+            dtype: str = "float32", passes: int = 1, serial_hbm: bool = False) -> dict:
     """The model's time of one launch (see the module docstring) and its components, in us.
-    ``passes``: tensor-core products per nominal multiply-add (``dot_passes``)."""
+    ``passes``: tensor-core products per nominal multiply-add (``dot_passes``); ``serial_hbm``:
+    the compulsory HBM time adds to the loops' instead of overlapping them (the worst case)."""
     tensor = pipe.startswith(("hgmma", "hmma", "dmma"))
     dot_rate_sm = (PIPE_FLOPS[pipe] * (TENSOR_FRACTION if tensor else 1.0)
                    * max(loop_efficiency, 1e-3) / SMS / passes)
@@ -438,7 +452,7 @@ def predict(work: Work, pipe: str, loop_efficiency: float, exp_redundancy: float
     balanced = sum(per_prog) / SMS
     makespan = _makespan([t for t in per_prog if t > 0])
     t_hbm = work.hbm_bytes / (HBM_BYTES_S * HBM_FRACTION)
-    body = max(makespan, t_hbm)
+    body = makespan + t_hbm if serial_hbm else max(makespan, t_hbm)
     us = 1e6
     return {
         "predicted_us": LAUNCH_US + body * us,

@@ -57,8 +57,9 @@ def _load(name: str, path: Path):
 gm = _load("gpu_model", ROOT / "benchmarks" / "gpu_model.py")
 
 TARGET = ("cuda", 90, 32)
-MODEL_LABEL = ("model (benchmarks/gpu_model.py: H100 SXM datasheet rates, tensor cores and HBM at the "
-               "fractions measured on this workplace's H100): compiled for sm_90, not run")
+MODEL_LABEL = ("model (benchmarks/gpu_model.py: H100 SXM datasheet rates; tensor cores, L2 and HBM at "
+               "the fractions measured on this workplace's H100 by bare GEMMs and a copy): compiled "
+               "for sm_90, not run")
 STEPS = 100
 
 
@@ -617,7 +618,7 @@ def _record(kernel: str, backend: str, case: str, op: str, dtype: str, precision
         pred = gm.predict(work, pipe, mix.efficiency, red if red else 1.0, dtype,
                           gm.dot_passes(precision, pipe))
         worst = gm.predict(work, pipe, mix.worst_efficiency, red if red else 1.0, dtype,
-                           gm.dot_passes(precision, pipe))["predicted_us"]
+                           gm.dot_passes(precision, pipe), serial_hbm=True)["predicted_us"]
         roof = gm.roofline(op_min["flops"], op_min["bytes"], op_min["exps"], dtype)
         model = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in pred.items()
                  if k != "predicted_us"} | {"roofline_bound": roof["roofline_bound"],
@@ -1182,6 +1183,49 @@ def _measure_cuda(by_case, dev, log) -> list[dict]:
     return out
 
 
+# ------------------------------------------------------------------------------- compare
+
+def compare(model: list[dict], measured: list[dict]) -> list[dict]:
+    """The model's two predictions beside GPU measurements of the same (kernel, case, dtype,
+    precision, tf32x3 scheme): one row per kernel that has both (a later measurement of a key
+    replaces an earlier one). ``inside``: predicted <= measured <= worst."""
+    def key(r):
+        return (r.get("kernel"), r["case"], r["dtype"], r["precision"], r.get("tf32x3_scheme"),
+                r.get("backend"))
+    meas = {key(r): r for r in measured if r.get("measured_us")}
+    rows = []
+    for r in model:
+        m = meas.get(key(r))
+        if m is None or not r.get("predicted_us"):
+            continue
+        t, p, w, roof = m["measured_us"], r["predicted_us"], r.get("predicted_worst_us"), r.get("roofline_us")
+        rows.append({"kernel": r["kernel"], "case": r["case"], "dtype": r["dtype"],
+                     "precision": r["precision"], "tf32x3_scheme": r.get("tf32x3_scheme"),
+                     "backend": r["backend"], "measured_us": t, "predicted_us": p,
+                     "predicted_worst_us": w, "roofline_us": roof,
+                     "measured_over_predicted": round(t / p, 2),
+                     "measured_over_worst": round(t / w, 2) if w else None,
+                     "measured_over_roofline": round(t / roof, 2) if roof else None,
+                     "inside": bool(w) and p <= t <= w,
+                     "measured_device": m.get("measured_device"),
+                     "measured_rel_err_vs_float64": m.get("measured_rel_err_vs_float64")})
+    return rows
+
+
+def compare_table(rows: list[dict]) -> str:
+    head = ["kernel", "case", "dtype", "precision", "measured us", "model us", "worst us",
+            "roofline us", "meas/model", "meas/worst", "meas/roofline"]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        prec = r["precision"] + (f" ({r['tf32x3_scheme']})" if r["tf32x3_scheme"] else "")
+        out.append("| " + " | ".join(str(x) for x in [
+            r["kernel"], r["case"], r["dtype"], prec, f"{r['measured_us']:,.1f}",
+            f"{r['predicted_us']:,.1f}", f"{r['predicted_worst_us']:,.1f}" if r["predicted_worst_us"] else "-",
+            f"{r['roofline_us']:,.1f}" if r["roofline_us"] else "-", r["measured_over_predicted"],
+            r["measured_over_worst"] or "-", r["measured_over_roofline"] or "-"]) + " |")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -1203,7 +1247,20 @@ def main(argv=None) -> int:
                     "the measurements (no recompiling; e.g. benchmarks/results/sm90-compile.json)")
     ap.add_argument("--accuracy", action="store_true",
                     help="with --measure: each float32 case's relative error against float64")
+    ap.add_argument("--compare", nargs="+", metavar="JSONL",
+                    help="no compiling or timing: the --model report's predictions beside the "
+                    "measurements in these GPU-session files (later files win); --out gets the rows")
     args = ap.parse_args(argv)
+    if args.compare:
+        if not args.model:
+            ap.error("--compare needs --model (the compile report to hold against the measurements)")
+        measured = [json.loads(line) for f in args.compare for line in Path(f).read_text().splitlines()
+                    if line.strip()]
+        rows = compare(json.loads(Path(args.model).read_text()), measured)
+        print(compare_table(rows))
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
     if not (args.out or args.jsonl):
         ap.error("give --out and/or --jsonl")
     os.environ.pop("TRITON_INTERPRET", None)  # compile for a GPU, never interpret

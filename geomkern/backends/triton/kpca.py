@@ -151,4 +151,7 @@ def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = C.D
 # --------------------------------------------------------------------------------- registration
 
 _dispatch.register("kpca", "triton", devices=C.DEVICES)(centred_grams)
-_dispatch.register("project_onto_basis", "triton", devices=C.DEVICES)(project_onto_basis)
+# auto on CUDA: 3.54x the torch reference through the public op on an H100 (30 clusters of
+# 100-2,000 points, S512, d8; 1.2e-6 relative to float64, the reference 8.6e-7: rbf.py's note)
+_dispatch.register("project_onto_basis", "triton", devices=C.DEVICES,
+                   auto_on=("cuda",))(project_onto_basis)
