@@ -38,8 +38,11 @@ pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"sm_90 compile check: {WH
 
 # substrings of benchmarks/sm90_report.py case names: Gram (float32 + float64), the 50k x S512 gd
 # pre-image at D = 512 (float32 + float64) and D = 1,024, K-Means assign k = 64, the projection
-CASES = ["gram 4096^2", "preimage gd 50000 x S512 x D512", "preimage gd 50000 x S512 x D1024",
-         "assign 10 x 5000 x D512, k64", "projection"]
+# substrings of benchmarks/sm90_report.py case names: together they launch every Triton kernel
+# geomkern has (test_every_kernel_family_is_compiled checks that against the sources)
+CASES = ["gram 4096^2", "gram cross", "segmented", "preimage gd 50000 x S512 x D512",
+         "preimage gd 50000 x S512 x D1024", "assign 10 x 5000 x D512, k64", "projection",
+         "rbf_matmul 20000 x 20000 x D64", "rbf_matmul 20000 x 20000 x D512"]
 KEYS = {"kernel", "case", "precision", "regs", "spill_bytes", "smem_bytes", "warps_per_sm",
         "tensor_core_instructions", "has_dot", "predicted_us", "roofline_us", "grid", "num_warps",
         "num_stages", "dtype", "default_precision", "hot_loop_spill"}
@@ -49,8 +52,9 @@ KEYS = {"kernel", "case", "precision", "regs", "spill_bytes", "smem_bytes", "war
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("sm90") / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # --tf32x3 all: the default scheme and the one GEOMKERN_TF32X3 can select
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sm90_report.py"), "--no-cuda",
-                           "--cases", ";".join(CASES), "--out", str(out)],
+                           "--tf32x3", "all", "--cases", ";".join(CASES), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, f"sm90_report.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(out.read_text())
@@ -77,6 +81,19 @@ def test_records_parse_and_have_the_keys(records):
          "print(json.dumps(list(C.PRECISIONS)))"], capture_output=True, text=True,
         env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}).stdout))
     assert precisions == from_launchers
+
+
+def test_every_kernel_family_is_compiled(records):
+    """Every @triton.jit kernel in geomkern/backends/triton/ (a function named _*_kernel) appears
+    in the report, so the spill and tensor-core checks below see all of them."""
+    import re
+    defined = set()
+    for f in (ROOT / "geomkern" / "backends" / "triton").glob("*.py"):
+        defined |= set(re.findall(r"^def (_\w+_kernel)\(", f.read_text(), flags=re.M))
+    compiled = {r["kernel"] for r in records if r["backend"] == "triton"}
+    assert defined and defined <= compiled, f"not compiled by the CI check: {sorted(defined - compiled)}"
+    schemes = {r["tf32x3_scheme"] for r in records if r["precision"] == "tf32x3"}
+    assert schemes == {"split", "builtin"}
 
 
 def test_no_hot_loop_spill_up_to_d1024(records):
@@ -113,6 +130,36 @@ def test_preimage_tiles_feed_wgmma(records):
         assert r["constexprs"]["BLOCK_M"] >= 64, (r["case"], r["constexprs"])
         assert any(op.startswith("HGMMA") for op in r["tensor_core_ops"]), (r["case"], r["tensor_core_ops"])
         assert r["exp_redundancy"] == 1.0, (r["case"], r["exp_redundancy"])
+
+
+def test_worst_case_counts_draining_waits():
+    """A K step that drains its wgmma groups (WARPGROUP.DEPBAR ... 0x0) pays the other
+    instructions on top of the tensor-core time in the no-overlap case; one that keeps a group in
+    flight (0x1) does not."""
+    body = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   HGMMA.64x128x8.F32.TF32 R24, gdesc[UR8], R24 ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, {pend} ;
+        /*0030*/                   FADD R2, R3, R4 ;
+        /*0040*/                   FADD R5, R3, R4 ;
+        /*0050*/                   LOP3.LUT R6, R3, R4, RZ, 0xc0, !PT ;
+        /*0060*/              @!P0 BRA 0x10 ;
+        /*0070*/                   EXIT ;
+    """
+    drain = gpu_model.loop_mix(gpu_model.sass_functions(body.format(pend="0x0"))["k"], "hgmma_tf32")
+    keep = gpu_model.loop_mix(gpu_model.sass_functions(body.format(pend="0x1"))["k"], "hgmma_tf32")
+    assert drain.waits == keep.waits == 1 and (drain.full_waits, keep.full_waits) == (1, 0)
+    assert keep.worst_efficiency == keep.efficiency
+    dot = drain.cycles["dot"]
+    other = (drain.instructions - 1) / gpu_model.ISSUE_PER_CLK_SM  # all but the HGMMA
+    assert drain.worst_efficiency == pytest.approx(dot / (dot + max(other, drain.cycles["fp32_pipe"],
+                                                                   drain.cycles["alu_pipe"])))
+    assert drain.worst_efficiency < drain.efficiency
+    w = gpu_model.Work([1e9] * 132, [0.0] * 132, [0.0] * 132, 1e9)
+    eff = gpu_model.predict(w, "hgmma_tf32", 1.0, 1.0)["predicted_us"]
+    worst = gpu_model.predict(w, "hgmma_tf32", 0.5, 1.0, serial_hbm=True)["predicted_us"]
+    assert worst > eff
 
 
 def test_model_building_blocks():

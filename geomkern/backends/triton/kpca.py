@@ -116,11 +116,8 @@ def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = C.D
     out = C.empty((m, d, S), X.dtype, X.device)
     if out.numel() == 0:
         return out
-    # one shift for X and B (math note 10): B's mean (S rows, cheap), applied to both
-    acc_ = C.compute_dtype(X.dtype)
-    shift = B.to(acc_).mean(0)
-    X = (X.to(acc_) - shift).to(X.dtype).contiguous()
-    B = (B.to(acc_) - shift).to(B.dtype).contiguous()
+    # one shift for X and B (math note 10): B's mean (S rows, cheaper than X's), applied to both
+    X, B = C.shifted(X, B, by=B)
     f64 = X.dtype == torch.float64
     dot = C.dot_precision(X.dtype, precision)
     if X.dtype == torch.float32 and dot != "ieee":
