@@ -297,7 +297,7 @@ def main() -> int:
     step("build", build_cmd, 240, proc=build, extra=built if build else None, reserve_s=20)
     nxml = junit / "native.xml"
     native = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(nxml),
-              "tests/test_cuda_native.py"] + ([] if DRY else ["-m", "gpu"])
+              "tests/test_cuda_native.py"] + ([] if DRY else ["-m", "gpu", "-v", "--tb=short"])
     step("native", native, 60, reserve_s=20, extra=lambda: junit_summary(nxml))
 
     # 7. the rest: other precisions + float64 + CUDA kernels beside the model; benchmark suites
