@@ -69,8 +69,9 @@ Two predictions per launch
   no warp issued anything while the tensor cores ran; a loop whose waits leave a group in flight
   (``0x1``: Triton's pipelined GEMM) overlaps by construction and keeps its efficient loop
   time. The compulsory HBM time is added to the loops' time, not overlapped.
-  On the GPU (2026-11-26) the measured times of the Gram, projection, rbf_matmul and K-Means
-  kernels fell inside [predicted, worst] or within 10% above it; the pre-image's did not (docs/
+  On the GPU (2026-11-26, tf32x3) the Gram kernels measured within 12% above the no-overlap
+  figure, rbf_matmul D512 and the K-Means assignment inside [predicted, worst], rbf_matmul D64
+  1.6x, the projection 1.4x and the pre-image 1.6x above it, the FFMA kernels 3-6x (docs/
   gpu-model.md has the table and what each gap says).
 
 How a launch is modelled
