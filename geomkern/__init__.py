@@ -3,9 +3,14 @@ class moments, batched eigh and K-Means) with a float64-capable torch reference 
 fused native / GPU fast paths. Tensors in, tensors out, same device.
 
 Randomness: every ``generator`` argument (fedmc, ggeur, privacy) takes a torch.Generator, or None
-for a fresh generator seeded secretly from the OS, never the global RNG (``geomkern/_random.py``).
+(the default) for a fresh generator seeded secretly from the OS, never the global RNG
+(``geomkern/_random.py``).
+
+Dispatch: ``resolve(op, device_type)`` says which backend an op runs on, ``registered_ops()``
+lists the dispatched ops and their backends, ``why_not(backend)`` says why a backend cannot run
+here ("" when it can).
 """
-from ._dispatch import available_backends, get_backend, registered_ops, resolve, set_backend
+from ._dispatch import available_backends, get_backend, registered_ops, resolve, set_backend, why_not
 from .ops.kmeans import kmeans
 from .ops.kpca import KPCAFit, kpca, kpca_transform, project_onto_basis
 from . import backends  # noqa: F401  (declares the fast backends to the dispatcher)
@@ -21,5 +26,5 @@ __all__ = [
     "KPCAFit", "available_backends", "bures", "class_moments", "eigh", "gaussian_barycenter",
     "gaussian_w2", "get_backend", "kmeans", "kpca", "sqrtm_psd",
     "kpca_transform", "median_gamma", "pool_moments", "registered_ops", "preimage", "preimage_loss",
-    "project_onto_basis", "rbf_gram", "rbf_matmul", "resolve", "set_backend",
+    "project_onto_basis", "rbf_gram", "rbf_matmul", "resolve", "set_backend", "why_not",
 ]

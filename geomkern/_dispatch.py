@@ -43,6 +43,16 @@ class _OpEntry:
     auto_order: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+# Public functions that dispatch to one of several registered ops, picked by their ``method``
+# argument: public name -> (the function's default method, method -> registered op). resolve()
+# takes these names with the same ``method`` choice and default as the function, so a user
+# can ask about ``gk.preimage`` without knowing the internal op names. Kept in step with
+# geomkern.ops.preimage.METHODS by tests/test_dispatch.py.
+METHOD_OPS: dict[str, tuple[str, dict[str, str]]] = {
+    "preimage": ("gd", {"gd": "preimage_gd", "fixed_point": "preimage_fixed_point",
+                        "coordinates": "preimage_coordinates"}),
+}
+
 _BACKENDS: dict[str, Backend] = {"reference": Backend("reference", lambda: "")}
 _DECLARED: dict[str, str] = {}  # backend name -> module that registers it when imported
 _REGISTRY: dict[str, _OpEntry] = {}
@@ -96,7 +106,13 @@ def _load() -> None:
 
 
 def why_not(name: str) -> str:
-    """"" when backend ``name`` is usable here and implements an op, else the reason."""
+    """Why backend ``name`` cannot run here: "" when it is usable (its dependencies are present,
+    e.g. a built ``geomkern._C`` for ``"native"``, Triton and a GPU or ``TRITON_INTERPRET=1``
+    for ``"triton"``) and implements at least one op; otherwise one sentence saying what is
+    missing and how to get it. ``name`` is one of ``KNOWN_BACKENDS``; ``gk.set_backend`` raises
+    this reason for a backend that is asked for but not usable. ``why_not("reference")`` is
+    always "".
+    """
     _load()
     backend = _BACKENDS.get(name)
     if backend is None:
@@ -167,8 +183,60 @@ def serves(op: str, backend: str, device_type: str) -> bool:
     return device_type in per_device or ANY_DEVICE in per_device
 
 
-def resolve(op: str, device_type: str) -> str:
-    """The backend that ``op`` runs on for tensors on ``device_type`` under the current choice."""
+def op_names() -> list[str]:
+    """Every name :func:`resolve` accepts: the registered ops and the public names in METHOD_OPS."""
+    _load()
+    return sorted(set(_REGISTRY) | set(METHOD_OPS))
+
+
+def _registered_op(op: str, method: str | None) -> str:
+    """The registered op behind ``op`` (a registered op, or a public name of METHOD_OPS with its
+    ``method``); ValueError naming the argument and the choices otherwise."""
+    if not isinstance(op, str):
+        raise TypeError(f"op must be a string, got {type(op).__name__}")
+    if op in METHOD_OPS:
+        default, variants = METHOD_OPS[op]
+        m = default if method is None else method
+        if not isinstance(m, str) or m not in variants:
+            raise ValueError(f"method={m!r} is not a method of {op!r}; choose one of {tuple(variants)}")
+        return variants[m]
+    if op not in _REGISTRY:
+        raise ValueError(f"op={op!r} is not a geomkern op; choose one of {op_names()}")
+    if method is not None:
+        raise ValueError(f"method is only taken for {sorted(METHOD_OPS)}, not for op={op!r}; "
+                         "leave method out")
+    return op
+
+
+def resolve(op: str, device_type, *, method: str | None = None) -> str:
+    """The backend that ``op`` runs on for tensors on ``device_type`` under the current backend choice
+    (``gk.set_backend``): ``"reference"``, ``"native"``, ``"triton"`` or ``"cupy"``.
+
+    op: a public op name (``"rbf_gram"``, ``"rbf_matmul"``, ``"kpca"``, ``"project_onto_basis"``,
+    ``"preimage"``, ``"kmeans"``, ``"eigh"``, ``"class_moments"``, ``"sqrtm_psd"``) or any
+    registered op of :func:`registered_ops`. ``gk.preimage`` runs one registered op per method:
+    ``resolve("preimage", dev, method=m)`` answers for ``gk.preimage(..., method=m)`` (the ops
+    ``preimage_gd``, ``preimage_fixed_point``, ``preimage_coordinates``); ``method`` defaults to
+    ``"gd"``, gk.preimage's default, and is refused for every other op. An unknown op is a
+    ValueError listing the names that exist.
+    device_type: a device type (``"cpu"``, ``"cuda"``), a device string with an index
+    (``"cuda:0"``) or a ``torch.device``; only its type matters.
+
+    E.g. under ``auto``, ``resolve("preimage", "cpu", method="fixed_point")`` is ``"native"``
+    where ``geomkern._C`` is built for AVX2 or wider (measured faster there) and ``"reference"``
+    elsewhere.
+    """
+    _load()
+    op = _registered_op(op, method)
+    dev = device_type if isinstance(device_type, str) else getattr(device_type, "type", None)
+    if not isinstance(dev, str):
+        raise TypeError(f"device_type must be a device type string ('cpu', 'cuda') or a torch.device, "
+                        f"got {type(device_type).__name__}")
+    return _resolve(op, dev.split(":", 1)[0])
+
+
+def _resolve(op: str, device_type: str) -> str:
+    """:func:`resolve` for a registered op and a bare device type (the dispatch path: no checks)."""
     _load()
     chosen = get_backend()
     candidates = _REGISTRY[op].auto_order.get(device_type, ()) if chosen == "auto" else (chosen,)
@@ -179,11 +247,18 @@ def resolve(op: str, device_type: str) -> str:
 
 
 def implementation(op: str, device_type: str) -> Callable:
-    per_device = _REGISTRY[op].impls[resolve(op, device_type)]
+    per_device = _REGISTRY[op].impls[_resolve(op, device_type)]
     return per_device.get(device_type) or per_device[ANY_DEVICE]
 
 
 def registered_ops() -> dict[str, tuple[str, ...]]:
-    """Every registered op and the backends that implement it."""
+    """Every registered op (the unit the dispatcher picks a backend for) and the backends that
+    have an implementation of it on some device, whether or not they are usable here (see
+    :func:`why_not`; :func:`resolve` says which one runs). Most public functions are one op of
+    the same name; ``gk.preimage`` is three (``preimage_gd``, ``preimage_fixed_point``,
+    ``preimage_coordinates``, one per method), and the Gram step of ``gk.kpca`` is the op
+    ``kpca`` (its eigen-solve is torch on every backend). E.g. ``registered_ops()["preimage_gd"]``
+    is ``("reference", "native", "triton")`` where the native extension is built.
+    """
     _load()
     return {op: tuple(e.impls) for op, e in sorted(_REGISTRY.items())}

@@ -1,15 +1,19 @@
 """The one rule for ``generator`` arguments (fedmc, ggeur, privacy).
 
-Every function that draws random numbers takes a keyword ``generator``:
+Every function that draws random numbers takes a keyword ``generator``, default None
+(``fedmc.client_prototypes``, ``local_geometry``, ``targets``, ``calibrate``; ``ggeur.augment``,
+``augment_prototypes``; ``privacy.gaussian_mechanism``, ``dp_lloyd``); ``fedmc.setup`` and its
+halves take ``generators``, one entry per client, each under the same rule:
 
 * a ``torch.Generator``: the draw is reproducible from its seed (experiments, tests);
-* ``None``: a fresh generator seeded from the operating system's cryptographic source
-  (``secrets``): neither reproducible nor predictable. It never falls back to torch's global RNG.
+* ``None`` (the default): a fresh generator seeded from the operating system's cryptographic
+  source (``secrets``): neither reproducible nor predictable, a new draw at every call. It never
+  falls back to torch's global RNG, so ``torch.manual_seed`` does not make it reproducible.
 
 The privacy module is why None means *unpredictable* rather than "some default seed": DP noise
 protects only while its seed is secret, so a deployment passes None (or a generator it seeded
-secretly), never a generator seeded from a shared experiment seed. fedmc and ggeur follow the same
-rule so that None means one thing everywhere.
+secretly), never a generator seeded from a shared experiment seed; it is also why None is a safe
+default. fedmc and ggeur follow the same rule so that None means one thing everywhere.
 """
 from __future__ import annotations
 

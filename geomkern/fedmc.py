@@ -19,8 +19,9 @@ simulator, the benchmarks and the demo all call it); its halves ``setup_basis`` 
 ``setup_geometry`` (steps 3-4 for any subset of clients) serve a per-round protocol (the paper's
 Algorithm 1: fresh LGDs from each round's clients). What is exchanged (``GAB``, ``LocalGeometry``,
 ``GeometryDictionary``) follows :mod:`geomkern.exchange`: validated on construction,
-to_dict/from_dict, one safetensors format (``save``/``load``). ``generator=None`` follows the
-package rule (:mod:`geomkern._random`): a fresh, secretly seeded generator, never the global RNG.
+to_dict/from_dict, one safetensors format (``save``/``load``). ``generator`` defaults to None,
+which follows the package rule (:mod:`geomkern._random`): a fresh, secretly seeded generator,
+never the global RNG.
 
 Deviations from the paper's formulas (docs/design.md math notes, all deliberate):
 * alphas are normalised (u / sqrt(mu)), so betas are exact inner products <v_i, Phi(b_s)>;
@@ -73,7 +74,7 @@ class Prototypes(NamedTuple):
     delta: float
 
 
-def _clusters(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float | None,
+def _clusters(X: torch.Tensor, k: int, *, epsilon: float, delta: float | None, clip_norm: float | None,
               generator: torch.Generator | None, iters: int) -> privacy.DPClusters:
     """The K-Means of a client's rows behind its prototypes and patches.
 
@@ -82,9 +83,15 @@ def _clusters(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_nor
     plain K-Means (``geomkern.kmeans``: greedy k-means++, seeded by one int64 drawn from
     ``generator``), on the rows as they are, or clipped to ``clip_norm`` when one is given; counts
     are the exact cluster sizes. Clipping un-normalised rows into a ball would bend their geometry
-    for no privacy gain, so it happens only when asked (or needed).
+    for no privacy gain, so it happens only when asked (or needed). ``delta`` may be None only at
+    epsilon = inf (nothing is released with noise, so there is no delta to spend): the result
+    then reports delta 0.
     """
     eps = privacy._epsilon(epsilon)  # the same checks as dp_lloyd's
+    if delta is None and math.isfinite(eps):
+        raise ValueError(f"delta is required with a finite epsilon ({eps:g}): the Gaussian mechanism is "
+                         "(epsilon, delta)-DP; pass e.g. delta=1e-5 (well below 1/number of rows), or "
+                         "epsilon=math.inf for no DP")
     if clip_norm is None and math.isfinite(eps):
         raise ValueError(f"clip_norm is required with a finite epsilon ({eps:g}): the DP release needs a "
                          "bound on the row norms (1.0 for L2-normalised embeddings); pass clip_norm, or "
@@ -98,18 +105,23 @@ def _clusters(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_nor
     seed = int(torch.randint(0, 2 ** 62, (1,), generator=gen, device=gen.device))
     labels, centers = kmeans(Xc, k, seed=seed)
     counts = torch.bincount(labels, minlength=k).to(X.dtype)
-    return privacy.DPClusters(centers=centers, counts=counts, epsilon=math.inf, delta=privacy._delta(delta),
+    return privacy.DPClusters(centers=centers, counts=counts, epsilon=math.inf,
+                              delta=0.0 if delta is None else privacy._delta(delta),
                               noise_multiplier=0.0, labels=labels)
 
 
-def client_prototypes(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float | None = None,
-                      generator: torch.Generator | None, iters: int = 5) -> Prototypes:
+def client_prototypes(X: torch.Tensor, k: int, *, epsilon: float, delta: float | None = None,
+                      clip_norm: float | None = None, generator: torch.Generator | None = None,
+                      iters: int = 5) -> Prototypes:
     """K-Means prototypes of a client's embeddings X (n, D).
 
     Finite ``epsilon``: released through ``iters`` noisy Lloyd steps on rows clipped to
-    ``clip_norm`` (required); the returned epsilon is what the accountant says was spent (<= the
-    requested one). ``epsilon=math.inf``: plain K-Means (k-means++, seed drawn from ``generator``),
-    no clipping unless ``clip_norm`` is given.
+    ``clip_norm`` (required) at ``delta`` (required, in (0, 1)); the returned epsilon is what the
+    accountant says was spent (<= the requested one). ``epsilon=math.inf``: plain K-Means
+    (k-means++, seed drawn from ``generator``), no clipping unless ``clip_norm`` is given;
+    ``delta`` is then optional (None reports delta 0: nothing was spent; a given one is
+    validated and reported back). ``generator``: None (the default) is a fresh, secretly seeded
+    generator (:mod:`geomkern._random`); pass a seeded one to reproduce a draw.
     """
     X = _validate.tensor("X", X, ndim=2)
     res = _clusters(X, k, epsilon=epsilon, delta=delta, clip_norm=clip_norm, iters=iters, generator=generator)
@@ -260,8 +272,8 @@ class LocalGeometry(Exchanged):
 
 
 def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_components: int | str,
-                   gamma: float, epsilon: float = math.inf, delta: float = 1e-5,
-                   clip_norm: float | None = None, generator: torch.Generator | None,
+                   gamma: float, epsilon: float = math.inf, delta: float | None = 1e-5,
+                   clip_norm: float | None = None, generator: torch.Generator | None = None,
                    explained: float = 0.9, max_components: int = MAX_COMPONENTS, iters: int = 5) -> LocalGeometry:
     """Client: K-Means patches (DP at finite ``epsilon``, which needs ``clip_norm``; plain k-means++
     without clipping at epsilon = inf, see :func:`client_prototypes`), kernel PCA of every patch in
@@ -272,6 +284,8 @@ def local_geometry(X: torch.Tensor, B: torch.Tensor, *, n_clusters: int, n_compo
     variance (capped at ``max_components``). All ``n_clusters`` DP centres are uploaded; a patch
     with <= d points carries zero variances and betas. ``gamma`` must be the shared public one.
     The centres are DP (epsilon, delta spent are recorded); the spectra and betas are not.
+    ``delta`` as in :func:`client_prototypes` (None only at epsilon = inf). ``generator``: None
+    (the default) is a fresh, secretly seeded generator (:mod:`geomkern._random`).
     """
     X = _validate.tensor("X", X, ndim=2)
     B = _validate.tensor("B", B, ndim=2)
@@ -534,7 +548,7 @@ def _kernel_targets(prep: PreparedDictionary, formulation: str, entry, kx, dp):
 
 
 def targets(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *, formulation: str = "consistent",
-            scale: float = 1.0, ridge: float | None = None, generator: torch.Generator | None):
+            scale: float = 1.0, ridge: float | None = None, generator: torch.Generator | None = None):
     """The kernel-value targets (T, T0), each (b, S), that :func:`calibrate` hands its "gd" and
     "fixed_point" pre-image for the rows of X (b, D), drawing eps from ``generator`` exactly as
     calibrate does (same generator state -> same draw); T0 is the target with no perturbation.
@@ -558,7 +572,7 @@ def targets(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *, formu
 def calibrate(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *,
               formulation: str = "consistent", method: str = DEFAULT_METHOD, scale: float = 1.0,
               steps: int | None = None, ridge: float | None = None, anchored: bool = True,
-              generator: torch.Generator | None, return_loss: bool = False):
+              generator: torch.Generator | None = None, return_loss: bool = False):
     """Client: one calibrated sample around each row of X (b, D) (repeat rows for more).
 
     ``dictionary`` is a :class:`PreparedDictionary` (from :func:`prepare`: the per-dictionary
@@ -588,8 +602,9 @@ def calibrate(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *,
     benchmarks/fedmc_defaults.py); gd under the other formulations and coordinates already have
     z(T0) = x. The paper's Eq. 14 as printed is ``formulation="paper", method="gd",
     anchored=False``. The loss returned is that of the solve for T. ``generator``: eps is drawn on
-    its device (None: a fresh, secretly seeded one on X's device). Returns (b, D) rows on X's
-    device, and the per-sample pre-image loss when ``return_loss``.
+    its device (None, the default: a fresh, secretly seeded one on X's device,
+    :mod:`geomkern._random`). Returns (b, D) rows on X's device, and the per-sample pre-image loss
+    when ``return_loss``.
     """
     prep = _prepared(dictionary, B, ridge)
     D_, B = prep.dictionary, prep.basis
@@ -640,7 +655,9 @@ def _anchored(x, B, T, T0, *, return_loss: bool, **kw):
 class Setup:
     """What :func:`setup` returns: the GAB ``basis`` (S, D) and ``gamma``, every client's released
     ``prototypes`` and uploaded ``lgds``, the fused ``dictionary``, and per client the
-    ``epsilon`` its two DP releases spent together (``privacy.compose_epsilon``, at ``delta``)."""
+    ``epsilon`` its two DP releases spent together (``privacy.compose_epsilon``, at ``delta``).
+    ``B`` is a read-only alias of ``basis``: the name the GAB has in the formulas and in the
+    step-by-step API (``fedmc.calibrate(X, dictionary, B)``)."""
 
     basis: torch.Tensor
     gamma: float
@@ -649,6 +666,10 @@ class Setup:
     dictionary: GeometryDictionary
     epsilon: list
     delta: float
+
+    @property
+    def B(self) -> torch.Tensor:
+        return self.basis
 
 
 def setup(clients: Sequence[torch.Tensor], *, generators: Sequence[torch.Generator | None],

@@ -21,8 +21,8 @@ the default: x' - x ~ N(0, Sigma), which is what the official code draws through
 prints it; it uses a variance as a standard deviation, so its scale depends on the units of X).
 
 Containers follow :mod:`geomkern.exchange` (validated on construction, to_dict/from_dict,
-save/load); ``generator=None`` follows the package rule (:mod:`geomkern._random`: a fresh, secretly
-seeded generator, never the global RNG).
+save/load); ``generator`` defaults to None, which follows the package rule (:mod:`geomkern._random`:
+a fresh, secretly seeded generator, never the global RNG).
 
 Speed: the official code eigendecomposes (and Cholesky-factors) the class covariance again for
 every sample; here it is one batched eigh per round on the server, and sampling is one GEMM per
@@ -439,7 +439,7 @@ def _check_inputs(name: str, X, labels_name: str, y, geometry):
 
 def augment(X: torch.Tensor, y: torch.Tensor, geometry: GlobalGeometry, *,
             n_per_sample: int | None = None, target_per_class: int | None = None,
-            generator: torch.Generator | None, noise: str = "sqrt",
+            generator: torch.Generator | None = None, noise: str = "sqrt",
             n_components: int | None = None):
     """Client side: new samples x' = x + sum_m eps_m s_m xi_m around the local samples.
 
@@ -450,8 +450,8 @@ def augment(X: torch.Tensor, y: torch.Tensor, geometry: GlobalGeometry, *,
         holds (n_c > 0), spread round-robin over that class's local samples (so when fewer
         than n_c are needed, the first ones in X order are used: shuffle X for a random
         choice). Classes with no local sample get none (use ``augment_prototypes`` for those).
-    generator: required keyword; a torch.Generator on X's device makes the draw reproducible,
-      None draws from a fresh, secretly seeded generator on X's device (geomkern._random).
+    generator: a torch.Generator on X's device makes the draw reproducible; None (the default)
+      draws from a fresh, secretly seeded generator on X's device (geomkern._random).
     noise: "sqrt" (s = sqrt(lambda): x' - x ~ N(0, Sigma_c), as the official code samples) or
       "paper" (s = lambda, as the paper's equation prints it).
     n_components: use only the top n_components eigenpairs of each class (default: all).
@@ -477,7 +477,7 @@ def augment(X: torch.Tensor, y: torch.Tensor, geometry: GlobalGeometry, *,
 
 
 def augment_prototypes(prototypes: torch.Tensor, labels: torch.Tensor, geometry: GlobalGeometry,
-                       *, n_per_prototype: int, generator: torch.Generator | None,
+                       *, n_per_prototype: int, generator: torch.Generator | None = None,
                        noise: str = "sqrt", n_components: int | None = None):
     """Multi-domain step: samples around other clients'/domains' class prototypes.
 

@@ -251,13 +251,14 @@ def _clip(X: torch.Tensor, clip_norm: float) -> torch.Tensor:
 
 
 def gaussian_mechanism(values: torch.Tensor, *, sensitivity: float, noise_multiplier: float,
-                       generator: torch.Generator | None) -> torch.Tensor:
+                       generator: torch.Generator | None = None) -> torch.Tensor:
     """values + N(0, sigma^2) elementwise, sigma = noise_multiplier * sensitivity (a standard
     deviation), where ``sensitivity`` is the L2 sensitivity of ``values`` as a whole.
 
-    The noise is drawn with ``generator`` (None: a secretly seeded one) on the generator's device
-    (so one seed gives the same noise whatever device ``values`` is on) in ``values``' dtype, then
-    moved to ``values``' device. ``noise_multiplier == 0`` returns a copy of values (nothing drawn).
+    The noise is drawn with ``generator`` (None, the default: a secretly seeded one,
+    :mod:`geomkern._random`) on the generator's device (so one seed gives the same noise whatever
+    device ``values`` is on) in ``values``' dtype, then moved to ``values``' device.
+    ``noise_multiplier == 0`` returns a copy of values (nothing drawn).
     """
     values = _validate.tensor("values", values, ndim=tuple(range(0, 9)), allow_empty=True)
     sensitivity = _positive_finite("sensitivity", sensitivity)
@@ -348,17 +349,18 @@ class DPClusters:
 
 
 def dp_lloyd(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm: float,
-             iters: int = 5, generator: torch.Generator | None,
+             iters: int = 5, generator: torch.Generator | None = None,
              init: torch.Tensor | None = None) -> DPClusters:
     """K-Means prototypes released through noisy Lloyd steps (DPLloyd, Su et al. 2016).
 
     X: (N, D) private rows, clipped to L2 norm ``clip_norm``. Initial centres are
     data-independent: ``init`` (k, D) if given (treated as public: e.g. centres from public data
     or a previous release), else k well-spread random directions of norm clip_norm / 2 drawn with
-    ``generator``. Each of the ``iters`` iterations assigns every clipped row to its nearest current
-    centre and releases per-cluster sums and counts in one Gaussian mechanism (L2 sensitivity
-    sqrt(2) after scaling sums by 1/clip_norm); the new centres noisy_sum / max(noisy_count, 1),
-    clipped into the ball, are post-processing. The ``iters`` releases compose: z is calibrated by
+    ``generator`` (None, the default: a secretly seeded one, :mod:`geomkern._random`). Each of
+    the ``iters`` iterations assigns every clipped row to its nearest current centre and releases
+    per-cluster sums and counts in one Gaussian mechanism (L2 sensitivity sqrt(2) after scaling
+    sums by 1/clip_norm); the new centres noisy_sum / max(noisy_count, 1), clipped into the ball,
+    are post-processing. The ``iters`` releases compose: z is calibrated by
     ``noise_multiplier(epsilon, delta, releases=iters, sensitivity=sqrt(2))``.
 
     Between releases, a centre whose noisy count is too small for its mean to carry signal (noise

@@ -165,3 +165,53 @@ def test_every_backend_agrees_with_reference(gen):
                     assert out.shape == ref[op].shape and bool(torch.isfinite(out).all())
                 else:
                     assert_close_rel(out, ref[op], TOL[torch.float64], f"{name}:{op}")
+
+
+def test_resolve_takes_the_public_preimage_name_with_its_method():
+    """gk.preimage dispatches one registered op per method: resolve('preimage', dev, method=m) is
+    the backend gk.preimage(..., method=m) runs on; method defaults to gk.preimage's default."""
+    import inspect
+
+    from geomkern.ops.preimage import METHODS
+
+    default, variants = _dispatch.METHOD_OPS["preimage"]
+    assert set(variants) == set(METHODS), "METHOD_OPS is out of step with gk.preimage's methods"
+    assert default == inspect.signature(gk.preimage).parameters["method"].default
+    assert set(variants.values()) <= set(gk.registered_ops())
+    for choice in ["auto"] + gk.available_backends():
+        with gk.set_backend(choice):
+            for m, op in variants.items():
+                assert gk.resolve("preimage", "cpu", method=m) == _dispatch.resolve(op, "cpu")
+            assert gk.resolve("preimage", "cpu") == gk.resolve("preimage", "cpu", method="gd")
+    with gk.set_backend("reference"):
+        assert {gk.resolve("preimage", "cpu", method=m) for m in METHODS} == {"reference"}
+
+
+def test_resolve_refuses_unknown_names_and_stray_methods_clearly():
+    with pytest.raises(ValueError, match=r"op='pre_image' is not a geomkern op; choose one of \[") as e:
+        gk.resolve("pre_image", "cpu")
+    for name in ("preimage", "preimage_gd", "rbf_gram", "kpca", "eigh"):
+        assert repr(name) in str(e.value)
+    with pytest.raises(ValueError, match=r"method='newton' is not a method of 'preimage'; choose one of"):
+        gk.resolve("preimage", "cpu", method="newton")
+    with pytest.raises(ValueError, match="method is only taken for"):
+        gk.resolve("eigh", "cpu", method="gd")
+    with pytest.raises(TypeError, match="op must be a string"):
+        gk.resolve(None, "cpu")
+    with pytest.raises(TypeError, match="device_type must be"):
+        gk.resolve("eigh", 0)
+
+
+def test_resolve_takes_a_device_string_or_torch_device():
+    for op in gk.registered_ops():
+        assert gk.resolve(op, torch.device("cpu")) == gk.resolve(op, "cpu")
+        assert gk.resolve(op, "cuda:0") == gk.resolve(op, "cuda")
+        assert gk.resolve(op, torch.device("cuda", 1)) == gk.resolve(op, "cuda")
+
+
+def test_why_not_is_public():
+    assert gk.why_not is _dispatch.why_not and "why_not" in gk.__all__
+    assert gk.why_not("reference") == ""
+    for name in _dispatch.KNOWN_BACKENDS:
+        assert (gk.why_not(name) == "") == (name in gk.available_backends())
+    assert "no module registered backend 'bogus'" in gk.why_not("bogus")

@@ -184,8 +184,8 @@ def test_calibrate_errors(pipeline):
         fedmc.calibrate(X[:5], D, B, method="newton", generator=None)
     with pytest.raises(ValueError, match="scale"):
         fedmc.calibrate(X[:5], D, B, scale=-1.0, generator=None)
-    with pytest.raises(TypeError, match="generator"):  # required: None (secret seed) must be said
-        fedmc.calibrate(X[:5], D, B)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        fedmc.calibrate(X[:5], D, B, generator=0)
 
 
 def test_auto_components_by_explained_variance(pipeline):
@@ -416,3 +416,46 @@ def test_setup_recipe_sizing_and_privacy(pipeline):
     with pytest.raises(ValueError, match="one entry per client"):
         fedmc.setup(clients, generators=gens[:2], n_prototypes=16, n_base=100, n_clusters=5, n_components=2,
                     n_entries=6)
+
+
+def test_generator_defaults_to_none_everywhere_in_fedmc(pipeline):
+    """generator may be left out: it then means None, the package rule (a fresh secret seed)."""
+    import inspect
+
+    for fn in (fedmc.client_prototypes, fedmc.local_geometry, fedmc.targets, fedmc.calibrate):
+        assert inspect.signature(fn).parameters["generator"].default is None, fn.__name__
+    X, B, gamma, lgds, D = pipeline
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)  # the global RNG plays no part
+        runs.append(fedmc.calibrate(X[:20], D, B, method="coordinates"))
+    assert not torch.equal(runs[0], runs[1])
+    T, T0 = fedmc.targets(X[:20], D, B)
+    assert T.shape == T0.shape == (20, B.shape[0])
+    assert fedmc.client_prototypes(X[:100], 4, epsilon=math.inf).centers.shape == (4, X.shape[1])
+
+
+def test_client_prototypes_needs_delta_only_at_finite_epsilon(pipeline):
+    X = pipeline[0][:200]
+    protos = fedmc.client_prototypes(X, 5, epsilon=math.inf, generator=torch.Generator().manual_seed(3))
+    assert protos.epsilon == math.inf and protos.delta == 0.0  # no noise: nothing spent
+    given = fedmc.client_prototypes(X, 5, epsilon=math.inf, delta=1e-5, generator=torch.Generator().manual_seed(3))
+    assert given.delta == 1e-5 and torch.equal(given.centers, protos.centers)
+    assert fedmc.PrototypeRelease(*protos).delta == 0.0  # what goes over the wire accepts it
+    with pytest.raises(ValueError, match="delta must lie in"):  # a given delta is still checked
+        fedmc.client_prototypes(X, 5, epsilon=math.inf, delta=2.0)
+    with pytest.raises(ValueError, match=r"delta is required with a finite epsilon \(4\)"):
+        fedmc.client_prototypes(X, 5, epsilon=4.0, clip_norm=100.0)
+    with pytest.raises(ValueError, match="delta is required"):
+        fedmc.local_geometry(X, pipeline[1], n_clusters=2, n_components=2, gamma=pipeline[2], epsilon=4.0,
+                             delta=None, clip_norm=100.0)
+    dp = fedmc.client_prototypes(X, 5, epsilon=4.0, delta=1e-5, clip_norm=100.0)
+    assert math.isfinite(dp.epsilon) and dp.delta == 1e-5
+
+
+def test_setup_gab_reads_as_basis_and_as_B(pipeline):
+    X, B, gamma, lgds, D = pipeline
+    res = fedmc.Setup(basis=B, gamma=gamma, prototypes=[], lgds=lgds, dictionary=D, epsilon=[], delta=1e-5)
+    assert res.B is res.basis is B
+    with pytest.raises(AttributeError):
+        res.B = B  # read-only: one field, two names

@@ -477,7 +477,6 @@ def _augment_cases():
                            "n_components must be >= 1"),
         "n_components > K": (lambda: aug(X, y, geo, **one, n_components=6), ValueError,
                              "n_components=6 is larger"),
-        "generator missing": (lambda: aug(X, y, geo, n_per_sample=1), TypeError, "generator"),
         "generator type": (lambda: aug(X, y, geo, n_per_sample=1, generator=0), TypeError,
                            "generator must be a torch.Generator"),
         "class not in geometry": (lambda: aug(X, torch.full_like(y, 2), geo, **one), ValueError,
@@ -576,3 +575,20 @@ def test_group_prototypes_pool_each_group_and_leave_out_excluded(seed):
         ggeur.group_prototypes(stats, [0, 1])
     with pytest.raises(TypeError, match=r"groups\[0\]"):
         ggeur.group_prototypes(stats, ["a"] * 5)
+
+
+def test_generator_defaults_to_none(seed):
+    """generator may be left out: None, a fresh secret seed on X's device (geomkern._random)."""
+    import inspect
+
+    for fn in (ggeur.augment, ggeur.augment_prototypes):
+        assert inspect.signature(fn).parameters["generator"].default is None, fn.__name__
+    stats, geo, X, y = _setup()
+    torch.manual_seed(seed)  # the global RNG plays no part
+    a, ya = ggeur.augment(X, y, geo, n_per_sample=2)
+    torch.manual_seed(seed)
+    b, yb = ggeur.augment(X, y, geo, n_per_sample=2)
+    assert a.shape == (2 * X.shape[0], X.shape[1]) and torch.equal(ya, yb) and not torch.equal(a, b)
+    P, L = ggeur.prototypes(stats, exclude=0)
+    Pa, La = ggeur.augment_prototypes(P, L, geo, n_per_prototype=3)
+    assert Pa.shape == (3 * P.shape[0], P.shape[1]) and La.shape == (3 * P.shape[0],)

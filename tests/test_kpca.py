@@ -479,3 +479,24 @@ def test_auto_picks_dense_below_the_measured_crossover(monkeypatch):
         A = torch.randn(n, 5, dtype=torch.float64)
         kpca_mod.auto_top(A.unsqueeze(0) @ A.T.unsqueeze(0), 2)
     assert seen == [("dense", edge - 1), ("krylov", edge)]
+
+
+def test_kpca_offsets_optional_and_segment_defaults_for_one_cluster(gen):
+    """As sklearn's KernelPCA(...).fit(X).transform(Z): no offsets means one cluster of all rows,
+    and the transform of a one-cluster fit needs no segment; the results are those of the
+    explicit [0, N] call bit for bit. A fit of several clusters still needs segment."""
+    d, g = 3, 0.25
+    X = separated_cluster(41, 4, d, g, gen, torch.float64)
+    Z = torch.randn(5, 4, generator=gen, dtype=torch.float64)
+    explicit = gk.kpca(X, offsets_from_sizes([41]), n_components=d, gamma=g)
+    for fit in (gk.kpca(X, n_components=d, gamma=g), gk.kpca(X, None, n_components=d, gamma=g)):
+        assert fit.offsets.tolist() == [0, 41] and fit.offsets.dtype == torch.int64
+        for name in ("eigenvalues", "variances", "alphas", "mean_projection", "fingerprint"):
+            assert torch.equal(getattr(fit, name), getattr(explicit, name)), name
+        assert torch.equal(gk.kpca_transform(Z, X, fit, gamma=g),
+                           gk.kpca_transform(Z, X, explicit, gamma=g, segment=0))
+    two = gk.kpca(X, offsets_from_sizes([20, 21]), n_components=d, gamma=g)
+    with pytest.raises(ValueError, match="segment is required: fit has 2 clusters"):
+        gk.kpca_transform(Z, X, two, gamma=g)
+    with pytest.raises(ValueError, match="segment is required"):
+        gk.kpca_transform(Z[:0], X, two, gamma=g)

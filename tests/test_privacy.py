@@ -366,3 +366,17 @@ def test_dp_lloyd_cuda_matches_cpu(seed):
     # Same CPU generator: the same init and noise; only summation order differs.
     torch.testing.assert_close(gpu.centers.cpu(), cpu.centers, rtol=1e-9, atol=1e-9)
     assert torch.equal(gpu.labels.cpu(), cpu.labels)
+
+
+def test_generator_defaults_to_none():
+    """generator may be left out: None, a secret seed from the OS (geomkern._random)."""
+    import inspect
+
+    for fn in (privacy.gaussian_mechanism, privacy.dp_lloyd):
+        assert inspect.signature(fn).parameters["generator"].default is None, fn.__name__
+    X, _ = _blobs(torch.Generator().manual_seed(0), D=3, n_per=100)
+    runs = [privacy.dp_lloyd(X, 4, epsilon=2.0, delta=1e-5, clip_norm=1.0, iters=2) for _ in range(2)]
+    assert not torch.equal(runs[0].centers, runs[1].centers)
+    v = torch.zeros(1000, dtype=torch.float64)
+    a, b = (privacy.gaussian_mechanism(v, sensitivity=1.0, noise_multiplier=1.0) for _ in range(2))
+    assert not torch.equal(a, b)

@@ -48,7 +48,7 @@ class KPCAFit:
     alphas: (N, d) normalised dual coefficients, row-aligned with X (0 for null components).
     mean_projection: (m, d) <v_i, mean Phi> = sum_a alpha_ai mean_c k(x_a, x_c); a centred
         score is p_i(z) = sum_a alpha_ai k(z, x_a) - mean_projection_i.
-    offsets: (m+1,) int64 CSR boundaries, as passed in.
+    offsets: (m+1,) int64 CSR boundaries, as passed in ([0, N] for ``offsets=None``).
     gamma: the kernel width it was fitted with; fingerprint: a checksum of the fitted X (see
         :func:`fingerprint`). kpca_transform and project_onto_basis refuse another gamma or X
         (None, for a fit assembled by hand: not checked).
@@ -373,12 +373,14 @@ def _kpca(X, offsets, d: int, gamma: float, solver: str, precision: str):
     return eigenvalues, alphas, mean_proj
 
 
-def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: float,
+def kpca(X: torch.Tensor, offsets: torch.Tensor | None = None, *, n_components: int, gamma: float,
          solver: str = "auto", precision: str = _validate.DEFAULT_PRECISION) -> KPCAFit:
     """Kernel PCA of every cluster of X in one call.
 
-    X: (N, D); offsets: int64 (m+1,) CSR boundaries (cluster j = rows offsets[j]:offsets[j+1]).
-    Every cluster needs at least ``n_components`` points. Returns a :class:`KPCAFit`.
+    X: (N, D); offsets: int64 (m+1,) CSR boundaries (cluster j = rows offsets[j]:offsets[j+1]),
+    or None (the default) for one cluster of all N rows, as ``sklearn.decomposition.KernelPCA``
+    fits (``fit.offsets`` is then ``[0, N]``). Every cluster needs at least ``n_components``
+    points. Returns a :class:`KPCAFit`.
     solver: "dense" (full batched eigh of the zero-padded centred Grams), "subspace" (top-d
     randomized block Krylov with Rayleigh-Ritz and a residual check on the stored Grams; dense
     for small clusters), "matrix_free" (the same iteration with the Gram never stored: each step
@@ -387,6 +389,8 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor, *, n_components: int, gamma: fl
     precision: how the Grams' float32 dots run on tensor-core backends (_validate.PRECISIONS).
     """
     X = _validate.tensor("X", X, ndim=2)
+    if offsets is None:
+        offsets = torch.tensor([0, X.shape[0]], dtype=torch.int64)
     offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
     d = _validate.positive_int("n_components", n_components)
     g = _validate.gamma(gamma)
@@ -419,11 +423,13 @@ def _check_fit(fit, X: torch.Tensor, gamma: float) -> None:
 
 
 def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: float,
-                   segment) -> torch.Tensor:
+                   segment=None) -> torch.Tensor:
     """Centred kernel-PC scores of Z in cluster ``segment``'s components (== sklearn transform).
 
     Z: (b, D); X: (N, D) the fitted data; segment: an int (all rows) or an int64 (b,) tensor of
-    cluster ids per row. Returns (b, d).
+    cluster ids per row; None (the default) is cluster 0 when the fit has exactly one cluster
+    (e.g. ``gk.kpca(X, n_components=..., gamma=...)``) and an error when it has several (which
+    cluster's components score Z is the caller's choice). Returns (b, d).
     """
     Z = _validate.tensor("Z", Z, ndim=2, allow_empty=True)
     X = _validate.tensor("X", X, ndim=2)
@@ -432,6 +438,11 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
     g = _validate.gamma(gamma)
     _check_fit(fit, X, g)
     m = fit.n_clusters
+    if segment is None:
+        if m != 1:
+            raise ValueError(f"segment is required: fit has {m} clusters; pass segment=j (an int, "
+                             f"0 <= j < {m}) or an int64 tensor of cluster ids, one per row of Z")
+        segment = 0
     if isinstance(segment, torch.Tensor):
         if segment.dtype != torch.int64 or segment.shape != (Z.shape[0],):
             raise ValueError(f"segment must be an int or an int64 tensor of shape ({Z.shape[0]},)")
