@@ -36,11 +36,27 @@ def cxx_flags():
     # kernel's 1-, 2- and 4-vector tiles (picked by thread count) rounded differently on AVX2
     # (2.4e-7 apart at b = 20); with no contraction every tile width gives the same bits.
     # Measured cost: none (gd, b = 1000, S = D = 512, 1 thread: 0.739 s vs 0.736 s, interleaved).
-    flags = ["-O3", "-fopenmp", cxx_standard(), "-ffp-contract=off"]
+    # -g0: no debug info in the library (the interpreter's CFLAGS carry -g: 31 MB of DWARF in _C)
+    flags = ["-O3", "-fopenmp", cxx_standard(), "-ffp-contract=off", "-g0"]
     # A source build targets the machine it runs on; GEOMKERN_PORTABLE=1 for a redistributable build.
     if os.environ.get("GEOMKERN_PORTABLE", "0") != "1":
         flags.append("-march=native")
     return flags
+
+
+# Compute capabilities built when no GPU is visible to ask (a login node, a CI runner, a wheel
+# build): Ampere (A100) and Hopper (H100/H200) machine code plus Hopper PTX, which newer GPUs JIT.
+# Without a list torch's own arch detection indexes an empty device list and stops with an
+# IndexError that names neither geomkern nor a way out.
+DEFAULT_CUDA_ARCH_LIST = "8.0;9.0+PTX"
+
+
+def default_cuda_arch_list(env_value, gpu_visible: bool):
+    """The TORCH_CUDA_ARCH_LIST to set, or None to leave torch's choice: only when the user set
+    none and no GPU is visible (with a GPU, torch builds for the GPUs it sees)."""
+    if env_value or gpu_visible:
+        return None
+    return DEFAULT_CUDA_ARCH_LIST
 
 
 def cuda_extensions():
@@ -60,26 +76,43 @@ def cuda_extensions():
         print("geomkern: CUDA kernels not built (no CUDA toolkit: set CUDA_HOME or put nvcc on PATH)",
               file=sys.stderr)
         return []
+    if not os.path.isfile(os.path.join(CUDA_HOME, "include", "cuda_runtime.h")):
+        # torch takes CUDA_HOME from the folder above `nvcc` on PATH: /usr/local for a
+        # /usr/local/bin/nvcc link, where the compile then stops on a missing cuda_runtime.h
+        print(f"geomkern: CUDA kernels not built: CUDA_HOME={CUDA_HOME} has no include/cuda_runtime.h; "
+              "set CUDA_HOME to the CUDA toolkit (e.g. CUDA_HOME=/usr/local/cuda) and build again, "
+              "or GEOMKERN_NO_CUDA=1 to say you want none", file=sys.stderr)
+        return []
+    arch = default_cuda_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"), torch.cuda.is_available())
+    if arch is not None:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+        print(f"geomkern: no GPU visible; building the CUDA kernels for TORCH_CUDA_ARCH_LIST={arch} "
+              "(set TORCH_CUDA_ARCH_LIST to choose others, GEOMKERN_NO_CUDA=1 to skip them)",
+              file=sys.stderr)
     return [
         CUDAExtension(
             "geomkern._C_cuda",
             sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda_bindings/*.cpp")),
             include_dirs=[os.path.abspath("csrc/cuda")],
-            extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
+            # the same C++ standard as _C (torch 2.14's headers need C++20, for nvcc's host pass
+            # too); -g0 as for _C
+            extra_compile_args={"cxx": ["-O3", "-g0", cxx_standard()],
+                                "nvcc": ["-O3", cxx_standard()]},
         )
     ]
 
 
 sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
-setup(
-    ext_modules=[
-        CppExtension(
-            "geomkern._C",
-            sources,
-            include_dirs=[os.path.abspath("csrc")],
-            extra_compile_args={"cxx": cxx_flags()},
-            extra_link_args=["-fopenmp"],
-        )
-    ] + cuda_extensions(),
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-)
+if __name__ == "__main__":  # pip's build backend and `python setup.py` run it as __main__
+    setup(
+        ext_modules=[
+            CppExtension(
+                "geomkern._C",
+                sources,
+                include_dirs=[os.path.abspath("csrc")],
+                extra_compile_args={"cxx": cxx_flags()},
+                extra_link_args=["-fopenmp"],
+            )
+        ] + cuda_extensions(),
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    )

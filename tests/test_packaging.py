@@ -86,3 +86,48 @@ def test_fedsim_cli_without_its_extra_says_which_extra_in_one_line():
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'geomkern[fedsim]'" in lines[0], res.stderr
     assert "matplotlib" in lines[0]
+
+
+def _setup_module():
+    """setup.py as a module (its setup() call runs only as __main__)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("geomkern_setup", ROOT / "setup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cuda_arch_list_defaults_only_without_a_gpu_and_without_a_choice():
+    """No GPU visible and no TORCH_CUDA_ARCH_LIST: build for sm_80 and sm_90 (+PTX) instead of
+    torch's arch detection, which indexed an empty device list (IndexError, 8 min into a build)."""
+    setup = _setup_module()
+    assert setup.default_cuda_arch_list(None, gpu_visible=False) == "8.0;9.0+PTX"
+    assert setup.default_cuda_arch_list("", gpu_visible=False) == "8.0;9.0+PTX"
+    assert setup.default_cuda_arch_list("7.5", gpu_visible=False) is None  # the user's choice
+    assert setup.default_cuda_arch_list(None, gpu_visible=True) is None  # torch asks the GPU
+
+
+def test_sdist_holds_every_native_source(tmp_path):
+    """The sdist carries every file under csrc/ (headers included: without MANIFEST.in a wheel
+    built from it stopped at 'ops.h: No such file or directory')."""
+    import tarfile
+    res = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "GEOMKERN_NO_CUDA": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    (sdist,) = tmp_path.glob("geomkern-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
+    native = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*")
+              if p.is_file() and p.suffix in (".h", ".cpp", ".cu")}
+    assert native and native <= members, f"missing from the sdist: {sorted(native - members)}"
+
+
+def test_native_library_carries_no_debug_info():
+    """setup.py builds with -g0: the interpreter's CFLAGS carry -g, which made _C 31 MB."""
+    import shutil
+    lib = next((ROOT / "geomkern").glob("_C.*.so"), None)
+    if lib is None or shutil.which("readelf") is None:
+        pytest.skip("geomkern._C is not built here, or readelf is missing")
+    sections = subprocess.run(["readelf", "-S", "-W", str(lib)], capture_output=True, text=True).stdout
+    assert ".debug_info" not in sections, f"{lib.name} has DWARF debug info ({lib.stat().st_size} bytes)"
