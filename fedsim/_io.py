@@ -45,6 +45,26 @@ def atomic_write(path) -> Iterator[Path]:
         _fsync(path.parent, folder=True)
 
 
+def check_can_create(path, flag: str) -> None:
+    """Raise ValueError naming ``flag`` unless ``path`` (a file or folder that may not exist yet) can
+    be made: its nearest existing ancestor is a writable folder, and neither ``path`` nor a missing
+    folder above it is a symbolic link to nothing: such a name exists as a link but not as a folder
+    or file, so a mkdir under it fails with "File exists", and a rename onto it replaces the link
+    instead of writing where it points."""
+    path = Path(path)
+    p = path
+    while not p.exists():
+        if p.is_symlink():
+            raise ValueError(f"{flag} {path}: {p} is a symbolic link to {os.readlink(p)}, which does not exist; "
+                             f"remove the link (or make what it points to), or name another {flag}")
+        p = p.parent
+    if p != path:
+        if not p.is_dir():
+            raise ValueError(f"{flag} {path}: {p} is a file, so no folder can be made under it")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {path}: the folder {p} is not writable")
+
+
 def remove_stale_tmp(folder) -> list[Path]:
     """Delete the ``*.tmp`` files an interrupted :func:`atomic_write` left under ``folder`` (a
     process killed between writing and renaming); returns what was removed. Their targets still

@@ -22,6 +22,8 @@ import os
 import re
 from pathlib import Path
 
+from ._io import check_can_create
+
 
 class ConfigError(ValueError):
     """A configuration value fedsim cannot run with."""
@@ -37,6 +39,11 @@ FLAGS = {"dataset": "--dataset", "partition": "--partition", "beta": "--beta", "
 
 # the largest seed: torch.manual_seed takes 64-bit seeds, numpy's SeedSequence any non-negative int
 MAX_SEED = 2 ** 63 - 1
+# The largest finite DP epsilon (per release or in total): a bound of e^100 on the likelihood ratio
+# protects nothing, and the PLD accountant that calibrates the noise grows with epsilon (2.6 s at
+# 100, 30 s at 1000; at 1e4 it ran out of memory and --epsilon-total 1e308 had the run killed).
+# inf, not a huge number, is how a run asks for no noise.
+MAX_EPSILON = 100.0
 
 
 def _show(v) -> str:
@@ -97,6 +104,8 @@ class Real:
         v = float(v)
         if math.isnan(v) or (math.isinf(v) and not (self.inf_ok and v > 0)):
             return False
+        if math.isinf(v):  # inf_ok: +inf stands apart from the finite range (an epsilon's "no noise")
+            return True
         if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
             return False
         return self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
@@ -198,7 +207,10 @@ def _run_fields():
         "beta": Real(0, lo_open=True, note="the Dirichlet concentration; smaller = more skewed"),
         "n_clients": Int(1),
         "min_size": Int(1),
-        "feature_shift": Real(0),
+        # the views are unrelated from about 2 on (partition.client_rotation); far beyond, expm(angle * A)
+        # is no rotation any more (1e-3 off orthogonal at 1e12) and then NaN, which training reported as
+        # a divergence blamed on the learning rate
+        "feature_shift": Real(0, 1000, note="the rotation's strength; views are unrelated from about 2 on"),
         "feature_noise": Real(0),
         "client_fraction": Real(0, 1, lo_open=True),
         "rounds": Int(1),
@@ -244,9 +256,11 @@ def _augmenter_params():
         "n_prototypes": positive, "n_base": positive, "n_clusters": positive, "n_entries": positive,
         "n_components": Either(positive, Choice("auto")),
         "gamma": Either(Real(0, lo_open=True), Choice("median", "1/D")),
-        "epsilon": Real(0, lo_open=True, inf_ok=True, note="per DP release; inf = no noise"),
-        "epsilon_total": Either(Nothing(), Real(0, lo_open=True, inf_ok=True,
-                                                note="the whole budget of a client's DP releases")),
+        "epsilon": Real(0, MAX_EPSILON, lo_open=True, inf_ok=True,
+                        note="per DP release; a larger one protects nothing: inf = no noise"),
+        "epsilon_total": Either(Nothing(), Real(0, MAX_EPSILON, lo_open=True, inf_ok=True,
+                                                note="the whole budget of a client's DP releases; a larger one "
+                                                     "protects nothing: inf = no noise")),
         "delta": Real(0, 1, lo_open=True, hi_open=True),
         "clip_norm": Either(Nothing(), Real(0, lo_open=True, note="row-norm bound of the DP release; "
                                                                   "required with a finite epsilon")),
@@ -371,6 +385,91 @@ def _check_methods(methods) -> None:
                               "give one of them")
 
 
+# ------------------------------------------------------------------------------ memory
+# Where the free memory cannot be read (no /proc/meminfo, no sysconf), a run's model may take at
+# most this many bytes: a laptop's worth, so that an absurd --model is still refused by name.
+MEMORY_CAP_UNKNOWN = 16 * 2 ** 30
+# cgroup files that bound this process's memory (v2, then v1): (limit, usage)
+_CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """(bytes free for a run's tensors on ``device`` now, what that figure is): CUDA's free memory;
+    on the CPU the kernel's MemAvailable, or less where a cgroup limits this process (a container's
+    limit is what kills it, however much the host has free); MEMORY_CAP_UNKNOWN where neither can
+    be read."""
+    import torch
+
+    if device.startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]), f"free on {device}"
+    free = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free.append((int(line.split()[1]) * 1024, "of memory available"))
+    except (OSError, ValueError, IndexError):
+        pass
+    if not free:
+        try:
+            free.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "of memory free"))
+        except (AttributeError, ValueError, OSError):
+            pass
+    for limit, usage in _CGROUP_MEMORY:
+        try:
+            cap, used = Path(limit).read_text().strip(), int(Path(usage).read_text())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 2 ** 60:  # "max", or v1's huge number: no limit
+            free.append((max(int(cap) - used, 0), f"left under this process's memory limit ({limit})"))
+    if not free:
+        return MEMORY_CAP_UNKNOWN, "that fedsim allows a model where the free memory cannot be read " \
+                                   "(_validate_config.MEMORY_CAP_UNKNOWN)"
+    return min(free)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def check_model_memory(cfg, dim: int, n_classes: int) -> None:
+    """Refuse an mlp head (``cfg.model_params`` hidden x depth, on ``dim`` inputs and ``n_classes``
+    classes) whose training cannot fit in the memory free now, before anything is written: ``fedsim
+    run --model mlp:64x100000`` would otherwise allocate for minutes, leave a run folder and be
+    killed. The figure is a lower bound: the float32 copies of the parameters that a round holds at
+    once (the global model, the server's weights, a client's copy of them, the gradients, SGD's
+    momentum, the aggregate, one update per selected client) and the activations a batch keeps for
+    the backward pass (before and after each ReLU); an algorithm's own state (SCAFFOLD's control
+    variates, MOON's previous models) only adds to it."""
+    if cfg.model != "mlp":  # the other heads have fixed small sizes (linear: C x D) or a frozen tower
+        return
+    from .models import mlp_parameters
+
+    p = {**_model_defaults("mlp"), **cfg.model_params}
+    hidden, depth = p["hidden"], p["depth"]
+    n_selected = max(1, int(round(cfg.client_fraction * cfg.n_clients)))  # as the round loop selects
+    copies = 5 + (cfg.momentum > 0) + n_selected
+
+    def need(layers: int) -> int:
+        return 4 * (copies * mlp_parameters(dim, n_classes, hidden=hidden, depth=layers)
+                    + 2 * cfg.batch_size * hidden * layers)
+
+    free, what = available_memory(cfg.device)
+    if need(depth) <= free:
+        return
+    per_layer = need(2) - need(1)
+    fits = 1 + (free - need(1)) // per_layer if need(1) <= free else 0
+    hint = (f"at width {hidden} at most {fits} hidden layer(s) fit (mlp:{hidden}x{fits})" if fits
+            else f"even one hidden layer of width {hidden} does not fit: give a smaller WIDTH")
+    raise ConfigError(f"--model mlp:{hidden}x{depth}: this head has "
+                      f"{mlp_parameters(dim, n_classes, hidden=hidden, depth=depth):,} parameters ({dim} inputs, "
+                      f"{depth} hidden layer(s) of {hidden}, {n_classes} classes); training it holds at least "
+                      f"{copies} float32 copies of them ({n_selected} of them the updates of the clients selected "
+                      f"per round) and a batch's activations, {_gb(need(depth))}, more than the {_gb(free)} {what}. "
+                      f"Give a smaller WIDTHxDEPTH ({hint}), select fewer clients per round (--fraction, "
+                      "--clients), or run where more memory is free")
+
+
 # ------------------------------------------------------------------------------ files and folders
 def check_out(out, *, resume: bool) -> Path:
     """``--out`` (or ``--resume``'s folder) can hold a run: a folder, or a path whose nearest
@@ -384,13 +483,12 @@ def check_out(out, *, resume: bool) -> Path:
         return out
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} {out} is an existing file; name a folder (new or holding no run)")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag} {out}: {parent} is a file, so no folder can be made under it")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {out}: the folder {parent} is not writable")
+    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {out}: the folder is not writable")
+    try:
+        check_can_create(out, flag)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return out
 
 
@@ -487,7 +585,8 @@ def check_cli_numbers(args) -> None:
         "threads": Int(0, cores), "n": Int(1), "dim": Int(1), "clusters": Int(1), "components": Int(1),
         "basis": Int(1), "holdout": Int(1), "steps": Int(1), "chunk_size": Int(1), "workers": Int(0),
         "test_fraction": Real(0, 1, lo_open=True, hi_open=True),
-        "epsilon_total": Real(0, lo_open=True, inf_ok=True),
+        "epsilon_total": Real(0, MAX_EPSILON, lo_open=True, inf_ok=True,
+                              note="a larger one protects nothing: inf = no noise"),
     }
     if args.command != "run":  # fedsim run's --seed and --batch-size are RunConfig keys
         kinds.update(seed=Int(0, MAX_SEED), batch_size=Int(1))

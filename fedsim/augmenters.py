@@ -333,7 +333,22 @@ class FedMCAugmenter(Augmenter):
                 raise ValueError("augmenter 'fedmc': protocol='algorithm1' with epsilon_total splits the budget "
                                  "over the run's rounds: set the augmenter's rounds before setup")
             calls = 1 + self.rounds
-        return _split_epsilon(float(p["epsilon_total"]), float(p["delta"]), calls)
+        total, delta = float(p["epsilon_total"]), float(p["delta"])
+        epsilon = _split_epsilon(total, delta, calls)
+        if epsilon <= 0:
+            # So small a budget calls for noise so large that one release's privacy loss at delta
+            # is 0, and a release needs an epsilon > 0. The concrete fix: the first power of ten
+            # from 1e-6 up that splits (below 1e-4 none did at any delta tried; each try is one
+            # cached accountant call of under a second).
+            enough = next((10.0 ** k for k in range(max(math.floor(math.log10(total)) + 1, -6), 4)
+                           if _split_epsilon(10.0 ** k, delta, calls) > 0), None)
+            raise ValueError(f"augmenter 'fedmc': epsilon_total (--epsilon-total) {total!r} is too small to split "
+                             f"over a client's {calls} DP calls ({calls * _DP_ITERS} releases) at delta {delta!r}: "
+                             "the noise it calls for leaves each release an epsilon of 0 at that delta, and a "
+                             "release needs one > 0. Give a larger --epsilon-total"
+                             + (f" ({enough:g} splits here)" if enough else "")
+                             + ", a larger delta, fewer rounds, or inf for no noise")
+        return epsilon
 
     # ---------------------------------------------------------------- protocol="algorithm1"
     def start_rounds(self, prototypes: list, B, gamma: float, *, seed: int) -> None:

@@ -176,8 +176,10 @@ def _run(args) -> int:
 def _embed(args) -> int:
     import torch
 
+    from .data.dataset import check_dataset_out
     from .embed import extract, load_source
 
+    check_dataset_out(args.out, overwrite=args.overwrite)  # before the source and the encoder are loaded
     if args.threads:
         torch.set_num_threads(args.threads)
     domains = [d.strip() for d in args.domains.split(",") if d.strip()] if args.domains else None
@@ -232,13 +234,10 @@ def _embed(args) -> int:
 
 def _import(args) -> int:
     from .data import save_dataset
+    from .data.dataset import check_dataset_out
     from .data.importer import format_summary, import_embeddings
 
-    out = Path(args.out)
-    if out.suffix not in (".npz", ".safetensors"):
-        raise ValueError(f"--out {out}: the dataset file must end in .npz or .safetensors")
-    if out.exists() and not args.overwrite:
-        raise ValueError(f"--out {out} already exists (pass --overwrite to replace it)")
+    out = check_dataset_out(args.out, overwrite=args.overwrite)
     ds = import_embeddings(args.train_x, args.train_y, test_x=args.test_x, test_y=args.test_y,
                            test_fraction=args.test_fraction, class_names=args.class_names, domains=args.domains,
                            test_domains=args.test_domains, normalize=not args.no_normalize, seed=args.seed,

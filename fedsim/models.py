@@ -5,6 +5,8 @@ representation-level algorithms (MOON's contrast, FedProto's prototypes) work on
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -80,10 +82,24 @@ def parse_model(spec: str) -> tuple[str, dict]:
     if not sep:
         return spec, {}
     width, x, depth = size.partition("x")
-    if name != "mlp" or not width.isdigit() or (x and not depth.isdigit()) or int(width) < 1 or (x and int(depth) < 1):
+    # ASCII digits only: str.isdigit() also accepts "²", which int() then refuses with a message
+    # that names neither the flag nor the format
+    if name != "mlp" or not re.fullmatch(r"[0-9]+", width) or (x and not re.fullmatch(r"[0-9]+", depth)):
         raise ValueError(f"--model {spec!r}: sizes are written mlp:WIDTH or mlp:WIDTHxDEPTH (e.g. mlp:512x2: two "
                          "hidden layers of 512), for model mlp only")
+    if int(width) < 1:
+        raise ValueError(f"--model {spec!r}: WIDTH {width} gives hidden layers of no units, so nothing reaches "
+                         "the classifier; give a WIDTH >= 1 (e.g. mlp:512x2: two hidden layers of 512)")
+    if x and int(depth) < 1:
+        raise ValueError(f"--model {spec!r}: DEPTH {depth} is no hidden layer; give a DEPTH >= 1 (mlp:{width} is "
+                         "one hidden layer), or --model linear for a head without hidden layers")
     return name, {"hidden": int(width), **({"depth": int(depth)} if x else {})}
+
+
+def mlp_parameters(dim: int, n_classes: int, *, hidden: int, depth: int = 1) -> int:
+    """The number of parameters of ``MLPHead(dim, n_classes, hidden=hidden, depth=depth)``: fc1
+    (dim -> hidden), depth - 1 layers hidden -> hidden, fc2 (hidden -> n_classes), with biases."""
+    return (dim + 1) * hidden + (depth - 1) * (hidden + 1) * hidden + (hidden + 1) * n_classes
 
 
 def has_trunk(model_or_class) -> bool:

@@ -10,6 +10,7 @@ of each round's training and geometry, the one-time geometry set-up and the wall
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -26,7 +27,8 @@ from ._seeds import AUGMENT, TRAIN, generator
 from .algorithms import build_algorithm
 from .algorithms.base import ClientContext
 from .augmenters import ClientData, build_augmenter
-from ._validate_config import ConfigError, apply_resume_changes, check_config, check_out, read_config_json
+from ._validate_config import (ConfigError, apply_resume_changes, check_config, check_model_memory, check_out,
+                               read_config_json)
 from .client import DivergedError, local_train
 from .data import load_dataset
 from .data.partition import USES_BETA, feature_shift, partition
@@ -98,7 +100,10 @@ class RunConfig:
             if getattr(algo, "needs_trunk", False) and not has_trunk(MODELS[self.model]):
                 bad("model", f"is {self.model!r}, which has no trunk, but methods[{m.name}].algorithm "
                     f"{m.algorithm!r} trains a classifier on trunk features: use model='mlp'")
-            build_augmenter(m.augmenter, **m.augmenter_params)
+            augmenter = build_augmenter(m.augmenter, **m.augmenter_params)
+            if m.augmenter_params.get("epsilon_total") not in (None, math.inf):  # fedmc's budget
+                augmenter.rounds = self.rounds
+                augmenter.release_epsilon()  # a budget too small to split is refused here, not in round 1
         return self
 
     def to_dict(self) -> dict:
@@ -497,6 +502,13 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
     if is_personal_run(cfg):  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)
         return run_personal(cfg, out, resume=resume, progress=progress)
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
+    check_model_memory(cfg, ds.dim, ds.n_classes)  # before the model is built (below) or anything written
+    present = torch.unique(ds.y_train)
+    if len(present) < 2:
+        raise ValueError(f"dataset {cfg.dataset} (--dataset): every training row has the class "
+                         f"{ds.class_names[int(present[0])]!r}; a classifier needs at least 2 classes (with one, every "
+                         "prediction is right and the run would report a trivial 100 % accuracy): build the dataset "
+                         "with the rows of the other classes too (fedsim import refuses a single class)")
     _warn_if_not_unit_norm(ds)
     if cfg.zero_shot and cfg.model != "prompt" and (
             cfg.model != "linear" or ds.class_text is None or ds.class_text.shape[1] != ds.dim):

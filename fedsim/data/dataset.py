@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._io import atomic_write
+from .._io import atomic_write, check_can_create
 
 EMBEDDED_DIR = Path(__file__).parent
 EMBEDDED = {"default": "wordnet_minilm.npz"}
@@ -107,6 +108,27 @@ _LAYOUT = ("a fedsim dataset holds arrays x_train (n, D) float, y_train (n,) int
 _FLOAT_ARRAYS = ("x_train", "x_test", "class_text")
 
 
+def check_dataset_out(out, *, overwrite: bool, flag: str = "--out") -> Path:
+    """``out`` can receive a dataset file (``fedsim import`` / ``fedsim embed``), checked before
+    anything is read or written: a .npz or .safetensors name, not a folder (``--overwrite`` replaces
+    a file; the atomic rename could not replace a folder, and only after all the work), no existing
+    file unless ``overwrite``, and a place it can be made (_io.check_can_create)."""
+    out = Path(out)
+    if out.suffix not in (".npz", ".safetensors"):
+        raise ValueError(f"{flag} {out}: the dataset file must end in .npz or .safetensors")
+    if out.is_dir():
+        raise ValueError(f"{flag} {out} is a folder; the dataset is one file (--overwrite replaces a file, never a "
+                         f"folder): name a file, e.g. {flag} {out / ('dataset' + out.suffix)}")
+    if out.exists():
+        if not overwrite:
+            raise ValueError(f"{flag} {out} already exists (pass --overwrite to replace it)")
+        if not os.access(out.parent, os.W_OK | os.X_OK):  # the new file is renamed into it
+            raise ValueError(f"{flag} {out}: the folder {out.parent} is not writable")
+    else:
+        check_can_create(out, flag)
+    return out
+
+
 def save_dataset(ds: Dataset, path) -> Path:
     """Write ``ds`` as .npz or .safetensors (by suffix); embeddings keep their dtype."""
     path = Path(path)
@@ -139,6 +161,16 @@ def load_dataset(source) -> Dataset:
                                     "installation; rebuild it with scripts/build_default_dataset.py")
     else:
         path = Path(source)
+    if path.is_dir():
+        try:
+            found = sorted(p.name for p in path.iterdir() if p.suffix in (".npz", ".safetensors") and p.is_file())
+        except OSError:  # an unreadable folder: the message still says what to give
+            found = []
+        inside = (f"; the folder holds {', '.join(found[:3])}{', ...' if len(found) > 3 else ''}: e.g. "
+                  f"{path / found[0]}" if found else "")
+        raise ValueError(f"dataset {path} (--dataset) is a folder, not a dataset file: name the .npz or .safetensors "
+                         f"file that fedsim import or fedsim embed wrote{inside}. A folder of images or texts becomes "
+                         f"one with fedsim embed --dataset imagefolder|textfolder --root {path} --out FILE.npz")
     if not path.is_file():
         raise FileNotFoundError(f"dataset file {path} does not exist (embedded names: {sorted(EMBEDDED)})")
     bad = f"{path} is not a valid fedsim dataset"

@@ -9,14 +9,18 @@ Inputs (by suffix; ``FILE:KEY`` names one array, tensor or column inside a file)
 - ``.safetensors`` — one tensor, or ``file.safetensors:key``;
 - ``.csv`` / ``.parquet`` — features as one column per dimension or one list-valued column
   (a csv cell ``[0.1, 0.2, ...]``); labels and domains as one column. A csv's first row is a header
-  when any of its cells is neither a number nor a ``[...]`` list, so a csv of string labels needs a
-  header row (pandas writes one). When the labels (or domains) are a column of the features' own
-  table (``--train-y table.csv:label``), that column is not a feature. Parquet is read with pyarrow,
-  else pandas.
+  when any of its cells is neither a number nor a ``[...]`` list, or when it reads 0,1,...,D-1
+  (pandas' names for unnamed columns); in a csv of string labels alone
+  that is a guess, which the number of feature rows settles (a file one label short without its
+  first line is headerless), and an error says so where it cannot. When the labels (or domains) are
+  a column of the features' own table (``--train-y table.csv:label``), that column is not a
+  feature. Parquet is read with pyarrow, else pandas. Errors name a csv's line and cell.
 
 Labels are integer class ids (names from ``--class-names``, one per line, else ``class_0`` ...)
 or strings (csv/parquet/npy string arrays): strings are mapped to ids in sorted order, or to their
-line in ``--class-names``. Domain labels work the same way (names ``domain_0`` ... for ids).
+line in ``--class-names``. Domain labels work the same way (names ``domain_0`` ... for ids). Ids
+no row carries (labels 3, 7, 100 make 101 classes) are kept, with a warning on stderr; at most
+MAX_IDS ids, and the training labels must hold at least 2 classes.
 Without a test split of its own, the rows are split with ``fedsim embed``'s seeded stratified split
 per (domain, class) (fedsim.embed.datasets.stratified_split). Rows are L2-normalised unless
 ``normalize=False``, stored as float32. Every error is a ValueError naming the file and the field.
@@ -27,6 +31,7 @@ import csv
 import json
 import pickle
 import re
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -36,6 +41,10 @@ import torch
 from .split import stratified_split, unit_rows
 from .dataset import Dataset
 
+# The most class (or domain) ids a label file may make: integer labels are the ids themselves, and
+# every id up to the largest gets a name, an output of the head and a line of the results, so one
+# stray 10**9 would take gigabytes (the largest label sets in use have some 10**4 classes).
+MAX_IDS = 2 ** 20
 SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".safetensors", ".csv", ".parquet")
 _TABLES = (".csv", ".parquet")
 
@@ -63,6 +72,8 @@ class _Input:
     def check_file(self) -> None:
         if self.suffix not in SUFFIXES:
             raise self.error(f"unknown extension {self.path.suffix or '(none)'!r}; supported: {', '.join(SUFFIXES)}")
+        if self.path.is_dir():
+            raise self.error("is a folder; name the file inside it")
         if not self.path.is_file():
             raise self.error("no such file")
         if self.path.stat().st_size == 0:
@@ -151,44 +162,72 @@ def _is_value(cell: str) -> bool:
     return _number(cell) or (cell.startswith("[") and cell.endswith("]"))
 
 
-def _read_csv(inp: _Input) -> dict[str, list]:
+def _at(lines: list[int] | None, i: int) -> str:
+    """Where data row ``i`` of a table is: the line of the file a csv row starts on, else its row index."""
+    return f"line {lines[i]}" if lines is not None else f"row {i}"
+
+
+def _read_csv(inp: _Input, *, header: bool | None = None) -> tuple[dict[str, list], list[int], bool]:
+    """(columns, the line each data row starts on, whether the header was a guess). ``header``: None
+    guesses it: the first row is a header when any of its cells is not a value; a guess, since a
+    column of strings (labels) cannot tell its name from its first value, unless a column of values
+    stands under a name."""
     try:
-        with open(inp.path, newline="", encoding="utf-8") as f:
-            rows = [r for r in csv.reader(f) if r and any(c.strip() for c in r)]
+        # utf-8-sig: a byte-order mark (Excel writes one) would otherwise make the first cell a
+        # non-number, and the first row a header
+        with open(inp.path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            rows, lines, start = [], [], 1
+            for r in reader:  # blank lines are skipped, and a quoted cell may span lines
+                if r and any(c.strip() for c in r):
+                    rows.append(r)
+                    lines.append(start)
+                start = reader.line_num + 1
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise _read_error(inp, exc) from None
     if not rows:
         raise inp.error("the file has no rows")
-    has_header = not all(_is_value(c) for c in rows[0])
+    for r, line in zip(rows[:2], lines):  # the first data row is one of these, below a header or not
+        sep = next((c for c in ";\t" if len(r) == 1 and c in r[0]), None)
+        if sep and all(_number(v) for v in r[0].split(sep)):
+            raise inp.error(f"line {line} is one cell of numbers separated by {sep!r}; fedsim reads comma-separated "
+                            "values: write the file with ',' between the values (pandas: df.to_csv(path, index=False))")
+    names_like = [j for j, c in enumerate(rows[0]) if not _is_value(c)]
+    # "0,1,...,D-1" is the header pandas writes for a frame of unnamed columns (pd.DataFrame(x)),
+    # not a first row of embeddings
+    numbered = len(rows[0]) > 1 and [c.strip() for c in rows[0]] == [str(j) for j in range(len(rows[0]))]
+    has_header = (bool(names_like) or numbered) if header is None else header
+    guessed = header is None and has_header and len(rows) > 1 and not any(
+        all(_is_value(r[j]) for r in rows[1:] if j < len(r)) for j in names_like)
     names = [c.strip() for c in rows[0]] if has_header else [f"column_{i}" for i in range(len(rows[0]))]
-    body = rows[1:] if has_header else rows
+    head_line = lines[0]
+    body, lines = (rows[1:], lines[1:]) if has_header else (rows, lines)
     if not body:
         raise inp.error("the file has a header row and no data rows")
     width = len(names)
-    for i, r in enumerate(body):
+    for r, line in zip(body, lines):
         if len(r) != width:
             first = "header" if has_header else "first row"
-            raise inp.error(f"ragged rows: line {i + 1 + has_header} has {len(r)} cells, the {first} has {width}")
+            raise inp.error(f"ragged rows: line {line} has {len(r)} cells, the {first} (line {head_line}) has {width}")
     cols: dict[str, list] = {}
     for j, name in enumerate(names):
         cells = [r[j].strip() for r in body]
         if all(c.startswith("[") for c in cells):
             vals = []
-            for i, c in enumerate(cells):
+            for c, line in zip(cells, lines):
                 try:
                     vals.append(json.loads(c))
                 except json.JSONDecodeError:
-                    raise inp.error(f"column {name!r} line {i + 1 + has_header}: {c[:40]!r} is not a list of "
-                                    "numbers") from None
+                    raise inp.error(f"column {name!r} line {line}: {c[:40]!r} is not a list of numbers") from None
             cols[name] = vals
         elif all(_number(c) for c in cells):
             cols[name] = [float(c) for c in cells]
         else:
-            empty = [i for i, c in enumerate(cells) if not c]
+            empty = [line for c, line in zip(cells, lines) if not c]
             if empty:
-                raise inp.error(f"column {name!r} line {empty[0] + 1 + has_header} is empty")
+                raise inp.error(f"column {name!r} line {empty[0]} is empty")
             cols[name] = cells
-    return cols
+    return cols, lines, guessed
 
 
 def _read_parquet(inp: _Input) -> dict[str, list]:
@@ -215,13 +254,18 @@ def _read_parquet(inp: _Input) -> dict[str, list]:
         raise _read_error(inp, exc) from None
 
 
-def _read_table(inp: _Input) -> dict[str, list]:
-    cols = _read_csv(inp) if inp.suffix == ".csv" else _read_parquet(inp)
+def _read_table(inp: _Input, *, header: bool | None = None) -> tuple[dict[str, list], list[int] | None, bool]:
+    """(columns, the csv line of each data row (None: a parquet's, named by row index), whether a
+    csv's header row was a guess: _read_csv)."""
+    if inp.suffix == ".csv":
+        cols, lines, guessed = _read_csv(inp, header=header)
+    else:
+        cols, lines, guessed = _read_parquet(inp), None, False
     if not cols:
         raise inp.error("the file has no columns")
     if not len(next(iter(cols.values()))):
         raise inp.error("the file has no rows")
-    return cols
+    return cols, lines, guessed
 
 
 def _list_column(inp: _Input, name: str, values: list) -> np.ndarray:
@@ -246,7 +290,7 @@ def read_features(spec, field: str, *, exclude: Sequence[str] = ()) -> np.ndarra
     inp = _Input(spec, field)
     inp.check_file()
     if inp.suffix in _TABLES:
-        cols = _read_table(inp)
+        cols, lines, _ = _read_table(inp)
         if inp.key is not None:
             values = _one(inp, cols, "column")
             cols = {inp.key: values}
@@ -254,6 +298,11 @@ def read_features(spec, field: str, *, exclude: Sequence[str] = ()) -> np.ndarra
             cols = {k: v for k, v in cols.items() if k not in exclude}
             if not cols:
                 raise inp.error("no feature columns are left once the label/domain columns are taken out")
+            if list(cols.get("", ())) == list(range(len(next(iter(cols.values()))))):
+                # it would be taken for one more dimension of every row
+                raise inp.error("its column without a name holds 0, 1, 2, ...: the row index pandas writes "
+                                "(df.to_csv without index=False), not a feature; write the file with "
+                                "df.to_csv(path, index=False)")
         lists = [k for k, v in cols.items() if v and isinstance(v[0], (list, tuple))]
         if lists:
             if len(cols) > 1:
@@ -262,10 +311,15 @@ def read_features(spec, field: str, *, exclude: Sequence[str] = ()) -> np.ndarra
             x = _list_column(inp, lists[0], cols[lists[0]])
         else:
             for k, v in cols.items():
-                if any(not isinstance(c, (int, float)) or isinstance(c, bool) for c in v):
-                    c = next(c for c in v if not isinstance(c, (int, float)) or isinstance(c, bool))
-                    raise inp.error(f"column {k!r} is not numeric (holds {c!r}); if it holds the labels or "
+                # a csv column with one bad cell holds its numbers as strings too: name the cell that is none
+                bad = [i for i, c in enumerate(v) if not (isinstance(c, str) and _number(c)) and
+                       (not isinstance(c, (int, float)) or isinstance(c, bool))]
+                if len(bad) == len(v):
+                    raise inp.error(f"column {k!r} is not numeric (holds {v[0]!r}); if it holds the labels or "
                                     f"domains, name it: --train-y {inp.path}:{k}")
+                if bad:
+                    raise inp.error(f"{_at(lines, bad[0])}, column {k!r}: the cell {v[bad[0]]!r} is not a number "
+                                    f"({len(bad)} such cell(s) in the column); fix it or drop that row")
             x = np.array([cols[k] for k in cols], dtype=np.float64).T
     else:
         x = _read_array(inp)
@@ -283,21 +337,41 @@ def read_features(spec, field: str, *, exclude: Sequence[str] = ()) -> np.ndarra
     return x
 
 
-def read_labels(spec, field: str) -> np.ndarray:
-    """(n,) labels from one input: int64 ids, or strings (dtype str)."""
+def read_labels(spec, field: str, *, n_rows: int | None = None) -> np.ndarray:
+    """(n,) labels from one input: int64 ids, or strings (dtype str). ``n_rows``: the number of
+    feature rows they label, which settles whether the first line of a csv of string labels is a
+    header (_read_csv can only guess it)."""
     inp = _Input(spec, field)
     inp.check_file()
+    lines = None
     if inp.suffix in _TABLES:
-        cols = _read_table(inp)
+        cols, lines, guessed = _read_table(inp)
+        if guessed and n_rows is not None and len(next(iter(cols.values()))) == n_rows - 1:
+            # one label short if line 1 is a header: it is the first label, unless it occurs nowhere
+            # else in its column, where a header with a label missing below it reads the same
+            data = _read_table(inp, header=False)
+            first = next(iter(data[0].values()))[0]
+            if first not in next(iter(data[0].values()))[1:]:
+                raise inp.error(f"line {data[1][0]} ({first!r}) is either a header or the first label: read as "
+                                f"a header, the file holds {n_rows - 1} labels for {n_rows} feature rows. If it is "
+                                "a label, add a header line (e.g. 'label') above it; if it is a header, a label "
+                                "is missing")
+            cols, lines, guessed = data
         if inp.key is None and len(cols) > 1:
             raise inp.error(f"the file has {len(cols)} columns {list(cols)}; name the label column: "
                             f"{inp.path}:COLUMN")
         values = _one(inp, cols, "column")
         if any(v is None for v in values):
-            raise inp.error(f"row {values.index(None)} has no label")
+            raise inp.error(f"{_at(lines, values.index(None))} has no label")
         if any(isinstance(v, (list, tuple)) for v in values):
             raise inp.error("labels must be one value per row, not lists")
-        y = np.array(values) if all(isinstance(v, str) for v in values) else np.array(values, dtype=np.float64)
+        words = [i for i, v in enumerate(values) if isinstance(v, str) and not _number(v)]
+        if words and len(words) < len(values):
+            # integer ids with a stray word would otherwise all turn into strings, sorted as text
+            i = words[0]
+            raise inp.error(f"{_at(lines, i)}: the label {values[i]!r} is not a number while "
+                            f"{len(values) - len(words)} other label(s) are; use integer ids or names throughout")
+        y = np.array(values) if words else np.array(values, dtype=np.float64)
     else:
         y = _read_array(inp)
         if y.ndim == 2 and y.shape[1] == 1:
@@ -315,17 +389,24 @@ def read_labels(spec, field: str) -> np.ndarray:
     if y.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
         if len(bad):
-            raise inp.error(f"labels must be integers; row {bad[0]} is {y[bad[0]]}")
-    y = y.astype(np.int64)
+            raise inp.error(f"labels must be integers; {_at(lines, bad[0])} is {y[bad[0]]}")
     if (y < 0).any():
         i = int(np.flatnonzero(y < 0)[0])
-        raise inp.error(f"labels must be >= 0; row {i} is {y[i]}")
-    return y
+        raise inp.error(f"labels must be >= 0; {_at(lines, i)} is {int(y[i])}")
+    if y.max() >= MAX_IDS:  # before the cast: a float beyond int64 would wrap around
+        i = int(np.argmax(y))
+        raise inp.error(f"{_at(lines, i)} is {y[i]:.15g}: labels are used as ids (one class per id from 0 up to the "
+                        f"largest), and fedsim takes ids below {MAX_IDS}; number them 0..K-1 "
+                        "(np.unique(labels, return_inverse=True)[1]) or give them as strings (mapped to ids in "
+                        "sorted order)")
+    return y.astype(np.int64)
 
 
 def read_names(path, field: str) -> list[str]:
     """Names, one per line (surrounding whitespace stripped; blank lines at the end ignored)."""
     inp = _Input(path, field)
+    if inp.path.is_dir():
+        raise inp.error("is a folder; name the file inside it")
     if not inp.path.is_file():
         raise inp.error("no such file")
     try:
@@ -347,7 +428,8 @@ def read_names(path, field: str) -> list[str]:
 
 def _to_ids(labels: list[tuple[np.ndarray, _Input]], names: list[str] | None, names_field: str,
             default: str) -> tuple[list[np.ndarray], list[str]]:
-    """Labels of several splits -> int64 ids over one list of names."""
+    """Labels of several splits -> int64 ids over one list of names. Names that no row carries
+    (integer labels with gaps, or unused lines of a names file) are kept, with a warning on stderr."""
     kinds = {y.dtype.kind == "U" for y, _ in labels}
     if len(kinds) > 1:
         raise labels[-1][1].error("labels are strings in one file and integers in another: use one kind")
@@ -361,8 +443,10 @@ def _to_ids(labels: list[tuple[np.ndarray, _Input]], names: list[str] | None, na
             if unknown:
                 raise inp.error(f"labels {unknown[:5]} are not in the {len(names)} names of {names_field}")
             out.append(np.array([index[v] for v in y.tolist()], dtype=np.int64))
+        _warn_empty(out, names, labels[0][1], f"the names of {names_field} make", default)
         return out, names
     top = max(int(y.max()) for y, _ in labels)
+    given = names is not None
     if names is None:
         names = [f"{default}_{i}" for i in range(top + 1)]
     for y, inp in labels:
@@ -370,7 +454,29 @@ def _to_ids(labels: list[tuple[np.ndarray, _Input]], names: list[str] | None, na
             i = int(np.flatnonzero(y >= len(names))[0])
             raise inp.error(f"label {y[i]} (row {i}) is outside the {len(names)} names of {names_field} "
                             f"(ids 0..{len(names) - 1})")
-    return [y for y, _ in labels], names
+    out = [y for y, _ in labels]
+    _warn_empty(out, names, labels[0][1], f"the names of {names_field} make" if given else
+                f"the labels are used as {default} ids, so ids 0..{top} make", default)
+    return out, names
+
+
+def _warn_empty(ids: list[np.ndarray], names: list[str], inp: _Input, made: str, default: str) -> None:
+    """One stderr line when some of ``names`` have no row in ``ids``: a class without rows still gets
+    an output of the head and a line of the per-class results, and nothing would say why."""
+    used = np.zeros(len(names), dtype=bool)
+    for y in ids:
+        used[y] = True
+    empty = np.flatnonzero(~used)
+    if not len(empty):
+        return
+    kind = "classes" if default == "class" else "domains"
+    shown = ", ".join(str(i) for i in empty[:5]) + (", ..." if len(empty) > 5 else "")
+    print(f"fedsim: warning: {inp.where}: {made} {len(names)} {kind}, and {len(empty)} of them (ids {shown}) "
+          f"have no rows; they still count as {kind} of the dataset"
+          + (" (the head has an output for each)" if kind == "classes" else "") + ". "
+          f"To have only the {int(used.sum())} {kind} that occur, number them 0..{int(used.sum()) - 1} "
+          "(np.unique(labels, return_inverse=True)[1]) or give them as strings (mapped to ids in sorted order)",
+          file=sys.stderr)
 
 
 def _norm_stats(x: np.ndarray) -> list[float]:
@@ -420,12 +526,12 @@ def import_embeddings(train_x, train_y, *, test_x=None, test_y=None, test_fracti
     xs, ys, ds = {}, [], []
     for s, xf, xv, yf, yv, df, dv in splits:
         xs[s] = read_features(xv, xf, exclude=same_table_columns(xv, yv, dv))
-        y = read_labels(yv, yf)
+        y = read_labels(yv, yf, n_rows=xs[s].shape[0])
         if y.shape[0] != xs[s].shape[0]:
             raise _Input(yv, yf).error(f"{y.shape[0]} labels for {xs[s].shape[0]} feature rows in {xv}")
         ys.append((y, _Input(yv, yf)))
         if dv is not None:
-            d = read_labels(dv, df)
+            d = read_labels(dv, df, n_rows=xs[s].shape[0])
             if d.shape[0] != xs[s].shape[0]:
                 raise _Input(dv, df).error(f"{d.shape[0]} domain labels for {xs[s].shape[0]} feature rows in {xv}")
             ds.append((d, _Input(dv, df)))
@@ -433,6 +539,11 @@ def import_embeddings(train_x, train_y, *, test_x=None, test_y=None, test_fracti
         raise _Input(test_x, "--test-x").error(f"test features have dimension {xs['test'].shape[1]}, the train "
                                                f"features ({train_x}) {xs['train'].shape[1]}")
     cnames = read_names(class_names, "--class-names") if class_names is not None else None
+    classes = np.unique(ys[0][0])
+    if len(classes) < 2:
+        raise ys[0][1].error(f"every training row has the label {classes[0].item()!r}: a classifier needs at least "
+                             "2 classes (with one, every prediction is right and a run reports a trivial 100 % "
+                             "accuracy); add the rows of the other classes to this file and to --train-x")
     y_ids, cnames = _to_ids(ys, cnames, f"--class-names {class_names}" if class_names else "the labels",
                             "class")
     d_ids, dnames = _to_ids(ds, None, "the domain labels", "domain") if ds else ([None] * len(splits), [])
@@ -462,9 +573,18 @@ def import_embeddings(train_x, train_y, *, test_x=None, test_y=None, test_fracti
     norms, out = {}, {}
     for s, (x, y, d) in parts.items():
         before = _norm_stats(x)
+        src = f"--test-x {test_x}" if s == "test" and own_split else f"--train-x {train_x}"
         if normalize:
-            src = f"--test-x {test_x}" if s == "test" and own_split else f"--train-x {train_x}"
             x = unit_rows(x, f"{src} ({s} rows; pass --no-normalize to keep raw rows)")
+        else:
+            # the bound Dataset.validate holds raw rows to, checked here to name the file (the float32
+            # cast below would otherwise turn larger values into Inf, reported as Inf in the input)
+            limit = np.sqrt(np.finfo(np.float32).max / (4.0 * x.shape[1]))
+            if np.abs(x).max() > limit:
+                raise ValueError(f"{src} ({s} rows): values up to {np.abs(x).max():.3g}; fedsim stores rows as "
+                                 f"float32 and computes on their squared norms, which overflow above {limit:.3g} "
+                                 f"at D={x.shape[1]}: rescale the rows, or drop --no-normalize (rows are then "
+                                 "L2-normalised)")
         x = x.astype(np.float32)
         norms[s] = {"before": before, "after": _norm_stats(x)}
         out[s] = (torch.from_numpy(x), torch.from_numpy(y), None if d is None else torch.from_numpy(d))

@@ -40,6 +40,7 @@ import torch
 from .._io import atomic_write
 from .._progress import progress_bar
 from ..data import Dataset, save_dataset
+from ..data.dataset import check_dataset_out
 from ..data.split import unit_rows
 from .datasets import SourceDataset, Split
 from .encoders import ImageEncoder, TextEncoder
@@ -262,11 +263,7 @@ def extract(source: SourceDataset, encoder, out, *, cache_dir=None, use_cache: b
     prompts: also store ``class_text`` (C, dim_text), the class names' prompt embeddings.
     Returns the dataset as written.
     """
-    out = Path(out).expanduser()
-    if out.suffix not in (".npz", ".safetensors"):
-        raise ValueError(f"output file {out} must end in .npz or .safetensors")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{out} already exists (pass --overwrite to replace it)")
+    out = check_dataset_out(Path(out).expanduser(), overwrite=overwrite)
     if dtype not in ("float32", "float16"):
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
     if batch_size < 1:
