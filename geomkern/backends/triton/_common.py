@@ -46,13 +46,15 @@ def scalars(device, dtype: torch.dtype, *values: float) -> torch.Tensor:
 
 # How the kernels issue a "tf32x3" product (three TF32 tensor-core products per float32
 # multiply-add: hi*hi + hi*lo + lo*hi):
-#   "split"   the kernel splits each float32 operand itself (hi = x rounded to TF32's 10-bit
-#             mantissa by integer ops, lo = x - hi, exact) and issues three chained "tf32" dots into
-#             one accumulator, small products first. Compiled for sm_90 (triton 3.8) the 128 x 128
-#             x 32 Gram step is 179 SASS instructions per warp against 499 for "builtin"; both wait
-#             on each of the three wgmma groups (WARPGROUP.DEPBAR, pendings 0).
+#   "split"   (default) the kernel splits each float32 operand itself (hi = x rounded to TF32's
+#             10-bit mantissa by integer ops, lo = x - hi, exact) and issues three "tf32" dots into
+#             a fresh accumulator per K step, small products first, added to the running sum with
+#             one FADD (``mma``). Compiled for sm_90 the 128 x 128 x 32 GEMM step is 290 SASS
+#             instructions per warp against 499 for "builtin"; both wait on each of the three wgmma
+#             groups (WARPGROUP.DEPBAR, pendings 0). Measured on an H100: 6-13% faster than
+#             "builtin" in every kernel at the same error (docs/gpu-model.md).
 #   "builtin" tl.dot(input_precision="tf32x3"): Triton's own split (cvt.rna.tf32 per operand and
-#             product), the scheme every figure before the GPU run used.
+#             product).
 # benchmarks/tf32x3_schemes.py times both (and a K-concatenated plain tf32 GEMM) on a GPU, with
 # their errors against float64; GEOMKERN_TF32X3 picks one for a process (the measurement's switch).
 TF32X3_SCHEMES = ("split", "builtin")
@@ -97,7 +99,7 @@ def mma(a, b, acc, PRECISION: tl.constexpr):
         # tensor cores align addends to the largest exponent and truncate, so chaining this
         # step's small products into a long-running acc lost them (measured on an H100: 3.5e-6
         # relative on a 4096 x 4096 x 512 product, 3.2e-5 on rbf_matmul, over the 1e-5 bound;
-        # Triton's own tf32x3 adds its per-step sum the same way: 1.5e-7)
+        # with the fresh accumulator 1.5e-7, as Triton's own tf32x3)
         step = tl.dot(a_lo, b_hi, tl.zeros(acc.shape, acc.dtype), input_precision="tf32",
                       out_dtype=acc.dtype)
         step = tl.dot(a_hi, b_lo, step, input_precision="tf32", out_dtype=acc.dtype)
