@@ -991,21 +991,29 @@ def build_report(case_filter: list[str] | None = None, with_cuda: bool = True, l
     return records
 
 
+def _num(x) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def _precision_label(r: dict) -> str:
+    return r["precision"] + (f" ({r['tf32x3_scheme']})" if r.get("tf32x3_scheme") else "")
+
+
+def _markdown(head: list[str], rows: list[list]) -> str:
+    lines = [head, ["---"] * len(head)] + rows
+    return "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in lines)
+
+
 def table(records: list[dict], measured: bool = False) -> str:
     head = ["kernel", "case", "dtype", "precision", "regs", "spill", "warps/SM", "TC instr",
             "predicted_us", "worst_us", "roofline_us", "ratio", "ratio_worst"] + (
                 ["measured_us"] if measured else [])
-    rows = [head, ["---"] * len(head)]
-    for r in records:
-        def num(x):
-            return "-" if x is None else f"{x:,.1f}"
-        prec = r["precision"] + (f" ({r['tf32x3_scheme']})" if r.get("tf32x3_scheme") else "")
-        rows.append([r["kernel"], r["case"], r["dtype"], prec, r.get("regs"), r.get("spill_bytes"),
-                     r.get("warps_per_sm"), r.get("tensor_core_instructions"),
-                     num(r.get("predicted_us")), num(r.get("predicted_worst_us")),
-                     num(r.get("roofline_us")), num(r.get("ratio")), num(r.get("ratio_worst"))]
-                    + ([r.get("measured_us", "-")] if measured else []))
-    return "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in rows)
+    return _markdown(head, [
+        [r["kernel"], r["case"], r["dtype"], _precision_label(r), r.get("regs"), r.get("spill_bytes"),
+         r.get("warps_per_sm"), r.get("tensor_core_instructions"), _num(r.get("predicted_us")),
+         _num(r.get("predicted_worst_us")), _num(r.get("roofline_us")), _num(r.get("ratio")),
+         _num(r.get("ratio_worst"))] + ([r.get("measured_us", "-")] if measured else [])
+        for r in records])
 
 
 # ------------------------------------------------------------------------------- measure
@@ -1035,6 +1043,12 @@ def measure(model: list[dict], case_filter, log=print, emit=None, schemes=None,
     schemes = schemes or (C.TF32X3,)
     by_case = _model_index(model)
     out: list[dict] = []
+
+    def keep(recs):
+        for r in recs:
+            out.append(r)
+            if emit:
+                emit(r)
     cases = [c for c in _triton_cases()
              if not case_filter or any(f.lower() in c.name.lower() for f in case_filter)]
     for case in cases:
@@ -1060,17 +1074,10 @@ def measure(model: list[dict], case_filter, log=print, emit=None, schemes=None,
             label = f"{case.name} [{case.dtype} {prec}{' ' + scheme if scheme else ''}]"
             with tf32x3_scheme(scheme):
                 _time_into(lambda: fn(prec), recs, log, label, ref)
-            for r in recs:
-                out.append(r)
-                if emit:
-                    emit(r)
+            keep(recs)
         del fn, ref
         torch.cuda.empty_cache()
-    cuda = _measure_cuda(by_case, dev, log)
-    for r in cuda:
-        out.append(r)
-        if emit:
-            emit(r)
+    _measure_cuda(by_case, dev, log, keep)
     return out
 
 
@@ -1138,19 +1145,19 @@ def _profile(call, iters: int = 3) -> dict[str, float]:
         return {}
 
 
-def _measure_cuda(by_case, dev, log) -> list[dict]:
-    """The CUDA C++ kernels' cases (when geomkern._C_cuda is built), beside their model records."""
+def _measure_cuda(by_case, dev, log, keep) -> None:
+    """The CUDA C++ kernels' cases (when geomkern._C_cuda is built), beside their model records;
+    ``keep(records)`` takes each case's records as soon as it is measured."""
     import torch
     try:
         from geomkern.backends import native
         table_ = native.kernels(None, native._C_cuda)
     except Exception as exc:  # noqa: BLE001
         log(f"  CUDA kernels: not measured ({exc!r})")
-        return []
+        return
     if not table_:
         log(f"  CUDA kernels: not built ({native.cuda_why_not()})")
-        return []
-    out: list[dict] = []
+        return
     make = _alloc(True, dev)
     F = {"float32": torch.float32, "float64": torch.float64}
     for case, dt, b, S, D in CUDA_PREIMAGE_CASES:
@@ -1165,7 +1172,7 @@ def _measure_cuda(by_case, dev, log) -> list[dict]:
             log(f"  CUDA {case} [{dt}]: inputs not built: {exc!r}")
             continue
         _time_into(lambda: f(Z0, B, T, 1.0, STEPS, lr), recs, log, f"CUDA {case} [{dt}]")
-        out += recs
+        keep(recs)
         del Z0, B, T
     for case, dt, n in CUDA_JACOBI_CASES:
         recs = [dict(r) for r in by_case.get((case, dt, "fp64 arithmetic", None, "cuda"), [])]
@@ -1179,8 +1186,7 @@ def _measure_cuda(by_case, dev, log) -> list[dict]:
             continue
         f = table_["eigh"]["cuda"]
         _time_into(lambda: f(A, 8), recs, log, f"CUDA {case} [{dt}]")
-        out += recs
-    return out
+        keep(recs)
 
 
 # ------------------------------------------------------------------------------- compare
@@ -1215,15 +1221,11 @@ def compare(model: list[dict], measured: list[dict]) -> list[dict]:
 def compare_table(rows: list[dict]) -> str:
     head = ["kernel", "case", "dtype", "precision", "measured us", "model us", "worst us",
             "roofline us", "meas/model", "meas/worst", "meas/roofline"]
-    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in rows:
-        prec = r["precision"] + (f" ({r['tf32x3_scheme']})" if r["tf32x3_scheme"] else "")
-        out.append("| " + " | ".join(str(x) for x in [
-            r["kernel"], r["case"], r["dtype"], prec, f"{r['measured_us']:,.1f}",
-            f"{r['predicted_us']:,.1f}", f"{r['predicted_worst_us']:,.1f}" if r["predicted_worst_us"] else "-",
-            f"{r['roofline_us']:,.1f}" if r["roofline_us"] else "-", r["measured_over_predicted"],
-            r["measured_over_worst"] or "-", r["measured_over_roofline"] or "-"]) + " |")
-    return "\n".join(out)
+    return _markdown(head, [
+        [r["kernel"], r["case"], r["dtype"], _precision_label(r), _num(r["measured_us"]),
+         _num(r["predicted_us"]), _num(r["predicted_worst_us"]), _num(r["roofline_us"]),
+         r["measured_over_predicted"], r["measured_over_worst"] or "-",
+         r["measured_over_roofline"] or "-"] for r in rows])
 
 
 # ---------------------------------------------------------------------------------- main

@@ -245,7 +245,6 @@ def run_gpu(emit):
             if isinstance(errs[name], str):
                 continue
             times[name].append(triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median"))
-    base = min((min(v) for v in times.values() if v), default=None)
     for name in provs:
         ms = min(times[name]) if times[name] else None
         rec = {"step": "schemes", "kind": "scheme", "provider": name, "n": N, "m": N, "D": D,
@@ -261,7 +260,6 @@ def run_gpu(emit):
               f"{rec['nominal_tflops'] or float('nan'):7.1f} TF/s  err {errs[name]}")
     accuracy_offset(dev, emit)
     default_paths(dev, emit)
-    del base
 
 
 def run_dry(emit):

@@ -178,7 +178,7 @@ def junit_summary(path: Path) -> dict:
             if el is not None:
                 out[{"failure": "failures", "error": "errors", "skipped": "skipped"}[kind]] += 1
                 if kind != "skipped":
-                    msg = (el.get("message") or "").splitlines()[0][:300] if el.get("message") else ""
+                    msg = (el.get("message") or "").split("\n")[0][:300]
                     out["failed_ids"].append(f"{case.get('classname')}::{case.get('name')}: {msg}")
     out["passed"] = out["tests"] - out["failures"] - out["errors"] - out["skipped"]
     return out

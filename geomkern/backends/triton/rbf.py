@@ -333,13 +333,12 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
     else:
         BLOCK_M, BLOCK_N = C.block(n, 16, 32 if f64 else 64), C.block(m, 16, 32 if f64 else 64)
         warps = 8 if (resident and not f64) else 4
-    BLOCK_D = C.block(D, 16, _RESIDENT_D) if resident else (16 if f64 else 32)
-    if X.dtype == torch.float32 and dot == "tf32x3split":
-        # 16-wide X/Y chunks: with each K step's own accumulator (_common.mma) the 32-wide chunks
-        # spilled in the hot loop under triton 3.6 (255 registers, 520 bytes); at 16 none does
-        # under 3.6, 3.8 or 3.9, at the same modelled time (sm_90 compile report). The H100
-        # figures of docs/gpu-model.md were measured with 32 (not re-measured since).
-        BLOCK_D = 16
+    # streamed X/Y chunks: 16 wide for float64 and for the split tf32x3 (with each K step's own
+    # accumulator, _common.mma, 32-wide chunks spilled in the hot loop under triton 3.6: 255
+    # registers, 520 bytes; at 16 none does under 3.6, 3.8 or 3.9, at the same modelled time, sm_90
+    # compile report; the H100 figures of docs/gpu-model.md were measured with 32, not since)
+    BLOCK_D = (C.block(D, 16, _RESIDENT_D) if resident
+               else 16 if f64 or dot == "tf32x3split" else 32)
     BLOCK_P = C.block(p, 16, 32 if f64 else 64)
     units = triton.cdiv(n, BLOCK_M) * triton.cdiv(p, BLOCK_P)
     y_tiles = triton.cdiv(m, BLOCK_N)
