@@ -15,4 +15,4 @@ test: setup
 
 bench: setup
 	.venv/bin/python -m pytest benchmarks/ --benchmark-only -q
-	.venv/bin/python benchmarks/fidelity.py --size full --out benchmarks/results/fidelity-cpu.json
+	.venv/bin/python benchmarks/fidelity.py --size full --out .benchmarks/fidelity-full-cpu.json

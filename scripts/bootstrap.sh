@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv inside the repo and installs geomkern (with the compiled geomkern._C) plus the
-# extras `make run` and `make test` need: fedsim (the simulator's packages) and test.
+# extras `make run` and `make test` need: fedsim (the simulator's packages), test and docs (the
+# documentation site, which the tests build).
 # Safe to re-run: it only rebuilds when setup.py, pyproject.toml or csrc/ changed.
 #
 # torch: a torch that Python already sees (e.g. a CUDA build on a GPU machine) is reused, never
@@ -8,7 +9,7 @@
 # as torch==2.14.1 with torchvision==0.29.1 (both served from local wheel files on the project's
 # machines; a CUDA build, which runs on the CPU). torchvision is what open_clip (the image encoder
 # of `fedsim embed`) imports, and it has no PyPI build that imports beside the CPU torch 2.13.0
-# this script installed before; benchmarks/NOTES.md ("The image path in the default tests") has
+# this script installed before; docs/history.md (§14, "The image path in the default tests") has
 # the set-up time, disk and test time of this choice against a second venv for the open_clip tests.
 # With that torchvision importable, open_clip_torch and timm are added with --no-deps (they never
 # replace torch); beside a torch of yours without one, open_clip is left out and its tests skip.
@@ -50,8 +51,8 @@ echo "[bootstrap] installing build tools"
 "$VPY" -m pip install -q setuptools wheel pybind11 ninja
 # Dependencies come from pyproject.toml; the torch present satisfies its torch requirement, so
 # pip leaves it alone.
-extras=fedsim,test
-[ "$clip" = 1 ] && extras=fedsim,test,clip
+extras=fedsim,test,docs
+[ "$clip" = 1 ] && extras=fedsim,test,docs,clip
 echo "[bootstrap] building geomkern._C (C++/OpenMP) and installing geomkern[$extras]"
 "$VPY" -m pip install -q --no-build-isolation -e ".[$extras]"
 if [ "$clip" = 1 ]; then

@@ -5,7 +5,7 @@ of all processes of that session (/proc: the run, and with --engine flower Ray's
 workers, which a plain getrusage of the child would miss) and keeps the peak. The runs go one after
 another (never two at once), each with --threads 1.
 
-    python scripts/flower_scale.py --clients 100 500 --out benchmarks/results/flower-scale.json
+    python scripts/flower_scale.py --clients 100 500 --out results/flower-scale/flower-scale.json
 """
 from __future__ import annotations
 

@@ -261,7 +261,7 @@ def test_scaffold_control_variate_recovers_the_raw_gradient_after_a_corrected_ro
     torch.testing.assert_close(delta["delta_c/w"], g["w"] - torch.tensor([-0.4, 0.2, 3.0], dtype=torch.float64))
 
 
-# The setting where SCAFFOLD diverged while FedAvg recovered (benchmarks/NOTES.md section 13): lr 0.5
+# The setting where SCAFFOLD diverged while FedAvg recovered (docs/history.md §13): lr 0.5
 # with momentum 0.9 (an effective local step of 5) and 20 local epochs, at the default global_lr.
 # With the correction fed through the momentum (correction="momentum", the only behaviour before
 # session 5), the global loss grew round after round on 9 of 10 seeds (seeds 0, 1, 2: 2.3e4,

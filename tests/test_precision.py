@@ -179,7 +179,7 @@ def test_hardware_order_emulation_on_hand_made_values():
 def test_truncating_accumulation_is_why_each_step_gets_its_own_accumulator():
     """On an H100 the split scheme chaining its products into the running sum measured 3.5e-6
     relative error on a 4096 x 4096 x 512 product, Triton's tf32x3 1.5e-7, one TF32 pass 7.7e-4
-    (scripts/gpu_session.sh, benchmarks/results/gpu-session-*.jsonl). The emulation with a
+    (scripts/gpu_session.sh, results/gpu/session-h100-*.jsonl). The emulation with a
     truncating tensor-core accumulator reproduces all three; with a fresh accumulator per K step
     (what _common.mma does now) the split meets float32's accuracy."""
     g = torch.Generator().manual_seed(0)

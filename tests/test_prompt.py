@@ -246,7 +246,7 @@ def test_prompt_run_defaults_fill_only_what_nothing_set(tmp_path):
     for model in ("linear", "mlp", "prompt"):
         cfg = RunConfig(model=model).validate()
         assert (cfg.rounds, cfg.batch_size, cfg.lr) == tuple(RUN_DEFAULTS[model][k] for k in ("rounds", "batch_size", "lr"))
-    assert RUN_DEFAULTS["mlp"]["lr"] != RUN_DEFAULTS["linear"]["lr"]  # measured per head: benchmarks/NOTES.md §13
+    assert RUN_DEFAULTS["mlp"]["lr"] != RUN_DEFAULTS["linear"]["lr"]  # measured per head: docs/history.md §13
     toml = tmp_path / "c.toml"
     toml.write_text("lr = 0.1\n")
     args = build_parser().parse_args(["run", "--model", "prompt", "--rounds", "3", "--config", str(toml)])

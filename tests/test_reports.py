@@ -103,7 +103,7 @@ def test_results_do_not_depend_on_the_thread_count(tmp_path_factory, augmenter):
     geomkern ran it on one thread, GGEUR's eigenbasis (and so its samples) differed at 1 and 2
     threads. FedMC's training loss differed in the 10th digit until geomkern padded 5-11-row
     float32 GEMM operands (MKL picks a thread-dependent kernel for them: geomkern/ops/rbf.py
-    _MKL_ROWS; benchmarks/NOTES.md, "Threads")."""
+    _MKL_ROWS; docs/history.md §13, "Threads")."""
     tmp = tmp_path_factory.mktemp("threads")
     data = save_blobs(tmp / "wide.npz", classes=3, dim=160, noise=1.0, n_train=300, n_test=60, seed=1)
     cfg = dict(dataset=str(data), rounds=1, n_clients=2, beta=1.0, min_size=5,
