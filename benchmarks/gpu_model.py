@@ -43,7 +43,7 @@ Achieved fractions (``predicted_us``; ``roofline_us`` stays at the datasheet pea
 ----------------------------------------------------------------------------------
 Calibrated on this workplace's H100 (NVIDIA H100 80GB HBM3, 132 SMs, triton 3.6.0) by two bare
 Triton GEMMs of benchmarks/tf32x3_schemes.py, measured in the GPU session of 2026-11-26
-(benchmarks/results/gpu/session-h100-2026-11-26-run*.jsonl), never by the ops being predicted:
+(results/gpu/session-h100-2026-11-26-run*.jsonl), never by the ops being predicted:
 - Tensor-core pipes (HGMMA, HMMA, DMMA): TENSOR_FRACTION = 0.64 of the datasheet rate per K step
   of a 128 x 128 x 32 wgmma loop. The one-pass TF32 GEMM 4096 x 4096 x 512 (16 K steps a tile)
   ran in 77.7 us, the same GEMM over K' = 1536 ("planes", 48 K steps) in 186.7 us; both have 1024

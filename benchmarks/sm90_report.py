@@ -1156,7 +1156,7 @@ def _measure_cuda(by_case, dev, log, keep) -> None:
         log(f"  CUDA kernels: not measured ({exc!r})")
         return
     if not table_:
-        log(f"  CUDA kernels: not built ({native.cuda_why_not()})")
+        log(f"  CUDA kernels: not built ({native.why_not('cuda')})")
         return
     make = _alloc(True, dev)
     F = {"float32": torch.float32, "float64": torch.float64}
@@ -1246,7 +1246,7 @@ def main(argv=None) -> int:
     ap.add_argument("--measure", action="store_true",
                     help="on a GPU: time every case and write measured_us beside the model")
     ap.add_argument("--model", help="with --measure: the compile report whose predictions go beside "
-                    "the measurements (no recompiling; e.g. benchmarks/results/sm90-compile.json)")
+                    "the measurements (no recompiling; e.g. results/sm90-compile/sm90-compile.json)")
     ap.add_argument("--accuracy", action="store_true",
                     help="with --measure: each float32 case's relative error against float64")
     ap.add_argument("--compare", nargs="+", metavar="JSONL",

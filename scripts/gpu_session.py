@@ -69,8 +69,8 @@ T0 = time.monotonic()
 
 # The compile report the headline compares against: the one made with the GPU image's triton
 # (3.6.0, rehearsed here in a scratch environment), else the committed default one.
-MODELS = [ROOT / "benchmarks" / "results" / "sm90-compile-triton3.6.json",
-          ROOT / "benchmarks" / "results" / "sm90-compile.json"]
+MODELS = [ROOT / "results" / "sm90-compile" / "sm90-compile-triton3.6.json",
+          ROOT / "results" / "sm90-compile" / "sm90-compile.json"]
 # Headline cases (substrings of benchmarks/sm90_report.py case names), most valuable first.
 HEADLINE = ["gram 4096^2", "gram cross", "preimage gd 50000 x S512 x D512", "projection",
             "rbf_matmul 20000 x 20000 x D512", "rbf_matmul 20000 x 20000 x D64", "segmented",
@@ -309,13 +309,12 @@ def main() -> int:
     step("rest:model", rest, 120, reserve_s=10)
     if not DRY:
         bxml = junit / "bench.xml"
+        # the suites' summaries (<suite>-<gpu>.json) and pytest-benchmark's own JSON, into OUT only
         step("rest:bench", [PY, "-m", "pytest", "-q", "--benchmark-only", "-p", "no:cacheprovider",
-                            "--junitxml", str(bxml), "benchmarks/test_eigh_gpu.py",
-                            "benchmarks/test_triton_gpu.py"], 150, reserve_s=5,
+                            "--junitxml", str(bxml), "--save-results", str(OUT),
+                            "--benchmark-json", str(OUT / "bench-pytest-benchmark.json"),
+                            "benchmarks/test_eigh_gpu.py", "benchmarks/test_triton_gpu.py"], 150, reserve_s=5,
              extra=lambda: junit_summary(bxml))
-        for f in (ROOT / "benchmarks" / "results").glob("*gpu*.json"):
-            if f.stat().st_mtime > time.time() - (time.monotonic() - T0) - 5:
-                shutil.copy(f, OUT / f.name)
     emit({"step": "end", "kind": "end", "seconds": now()})
     log(f"end after {now():.0f} s")
     return 0

@@ -1,9 +1,9 @@
 """Where the KPCA + projection time goes, per stage (issue 20): torch.profiler over the client-
 pipeline workload (3 clusters of ~1,700, D 512, d 8, S 512, float32), stages tagged with
 record_function, medians of several profiled runs next to the Gram floor measured in the same
-process. Results: benchmarks/NOTES.md section 13.
+process. Results: docs/history.md §15a.
 
-Run: .venv/bin/python benchmarks/profile_kpca.py [--threads 2] [--runs 5]
+Run: .venv/bin/python studies/kpca-profile/profile_kpca.py [--threads 2] [--runs 5]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
 import geomkern as gk  # noqa: E402
 from test_client_pipeline import N_COMPONENTS, make_data  # noqa: E402
 

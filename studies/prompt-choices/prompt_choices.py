@@ -1,7 +1,7 @@
 """How the prompt head's defaults were chosen (docs/prompt.md).
 
-    python benchmarks/prompt_choices.py zero-shot        # zero-shot accuracy of each class-name text
-    python benchmarks/prompt_choices.py sweep            # 6 rounds of FedAvg (beta 0.1, seed 0) per setting
+    python studies/prompt-choices/prompt_choices.py zero-shot        # zero-shot accuracy of each class-name text
+    python studies/prompt-choices/prompt_choices.py sweep            # 6 rounds of FedAvg (beta 0.1, seed 0) per setting
 
 ``zero-shot``: the tower's sentence embeddings of each candidate text are the class weights;
 accuracy = nearest class text (cosine) on the embedded data's test rows. ``sweep``: one

@@ -3,7 +3,7 @@
 stopped before it wrote results.json (docs/fedmp.md: the FedMP + augmenter rows). Only runs whose
 checkpoint reached the configured number of rounds are used; the rest are listed as unfinished.
 
-    python benchmarks/fedmp/from_checkpoints.py RUN_DIR --out results.json
+    python studies/fedmp/from_checkpoints.py RUN_DIR --out results.json
 
 Writes {"config", "source", "methods": {name: {"seeds": {seed: per-seed metrics}, "summary"}}}
 with the per-seed fields of results.json (final_accuracy, last5_mean, accuracy, bytes_up,

@@ -1,6 +1,6 @@
 """Pre-image loops on CPU: torch reference vs the fused native kernel (csrc/cpu/preimage.cpp).
 
-Plain script, prints a table:   .venv/bin/python benchmarks/native_preimage_timing.py
+Plain script, prints a table:   .venv/bin/python studies/native-preimage/native_preimage_timing.py
 Options: --b --S --D --steps --repeats (defaults: the recorded configuration below),
 --json PATH to also write the numbers with the machine description.
 

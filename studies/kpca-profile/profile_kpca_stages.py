@@ -1,4 +1,4 @@
-"""KPCA + projection at the benchmark's size, timed stage by stage (issue 20, NOTES.md §15d).
+"""KPCA + projection at the benchmark's size, timed stage by stage (issue 20, docs/history.md §15e).
 
 The same work as ``gk.kpca(X, off, n_components=8, gamma=g)`` + ``gk.project_onto_basis`` on the
 client-pipeline clusters (3 clusters of 1,650-1,750, D 512, d 8, S 512, float32), cut into its
@@ -8,7 +8,7 @@ picks, how many Krylov passes, the time in the passes' GEMMs vs the rest), norma
 projection, the fingerprints. Next to it, in the same process and interleaved, the benchmark's
 floor (three ``gk.rbf_gram``) and the whole pipeline through the public calls.
 
-Run: .venv/bin/python benchmarks/profile_kpca_stages.py --threads 1 --runs 5 [--path before]
+Run: .venv/bin/python studies/kpca-profile/profile_kpca_stages.py --threads 1 --runs 5 [--path before]
 (busy machine: read the ratios; the minimum over runs is the least disturbed)
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
 import geomkern as gk  # noqa: E402
 from geomkern.ops import kpca as K  # noqa: E402
 from geomkern.ops.rbf import double_center_  # noqa: E402
@@ -152,7 +152,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--path", choices=("now", "before"), default="now",
-                    help="the stages of the code now, or of the path before NOTES.md §15e's changes "
+                    help="the stages of the code now, or of the path before docs/history.md §15e's changes "
                          "(its Gram stages; the eigen-solve is the current one)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

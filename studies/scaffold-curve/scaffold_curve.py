@@ -6,10 +6,10 @@ now (the paper's plain step lr (c - c_i) beside the optimiser; fedsim/algorithms
 ``fedsim run --set scaffold.correction=...`` choices; this script runs them on one partition and
 seed and plots them side by side.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/scaffold_curve.py --model mlp --lr 1.0 \\
+    OMP_NUM_THREADS=1 .venv/bin/python studies/scaffold-curve/scaffold_curve.py --model mlp --lr 1.0 \\
         --augmenters none,ggeur --rounds 30
 
-writes benchmarks/results/scaffold-before-after.json (per-round accuracy and training loss of
+writes results/scaffold/scaffold-before-after.json (per-round accuracy and training loss of
 both, the settings and the command) and docs/scaffold-before-after.png; ``--replot`` redraws the
 PNG from an existing JSON without running anything.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedsim._io import atomic_write  # noqa: E402
@@ -88,7 +88,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--augmenters", default="none,ggeur")
-    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/scaffold-before-after.json")
+    ap.add_argument("--json", type=Path, default=ROOT / "results/scaffold/scaffold-before-after.json")
     ap.add_argument("--png", type=Path, default=ROOT / "docs/scaffold-before-after.png")
     ap.add_argument("--replot", action="store_true", help="redraw --png from the --json of an earlier run")
     args = ap.parse_args(argv)
@@ -101,7 +101,7 @@ def main(argv=None) -> None:
     augs = [a.strip() for a in args.augmenters.split(",") if a.strip()]
     if not augs:
         ap.error("--augmenters: give at least one augmenter, e.g. none,ggeur")
-    out = {"command": "benchmarks/scaffold_curve.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    out = {"command": "studies/scaffold-curve/scaffold_curve.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "settings": {"model": args.model, "lr": args.lr, "momentum": args.momentum, "rounds": args.rounds,
                         "seed": args.seed, "global_lr": Scaffold.defaults["global_lr"]},
            "runs": {}}

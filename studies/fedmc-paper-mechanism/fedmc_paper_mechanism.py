@@ -1,5 +1,5 @@
 """Why the fedmc-paper preset beats FedAvg on the embedded data: where its samples go, and a
-control that reproduces that without FedMC's geometry (issue 14; benchmarks/NOTES.md §17).
+control that reproduces that without FedMC's geometry (issue 14; docs/history.md §17).
 
 Two measurements:
 
@@ -17,10 +17,10 @@ Two measurements:
   measured for the preset (pass them with --keep/--common). If mimic matches the preset, the
   preset's gain comes from that mixture, not from on-manifold calibration.
 
-Run (what produced docs/results/fedmc-paper-mechanism-*.json):
-  python benchmarks/fedmc_paper_mechanism.py geometry --out G.json
-  python benchmarks/fedmc_paper_mechanism.py controls --keep K --common C --out DIR
-  python benchmarks/fedmc_paper_mechanism.py controls --keep K --common C --mimic-only --out DIR
+Run (what produced results/fedmc-paper/fedmc-paper-mechanism-*.json):
+  python studies/fedmc-paper-mechanism/fedmc_paper_mechanism.py geometry --out G.json
+  python studies/fedmc-paper-mechanism/fedmc_paper_mechanism.py controls --keep K --common C --out DIR
+  python studies/fedmc-paper-mechanism/fedmc_paper_mechanism.py controls --keep K --common C --mimic-only --out DIR
 """
 from __future__ import annotations
 

@@ -11,11 +11,11 @@ Two measurements, each against its baseline in the same run:
 Each setting changes one parameter of the base configuration. Rows are appended to the JSON
 lines file given by --out as they finish, so an interrupted sweep keeps what it measured.
 
-Run (what produced benchmarks/results/fedmc_defaults_*-cpu.jsonl and benchmarks/NOTES.md §7):
-  python benchmarks/fedmc_defaults.py fidelity --out F.jsonl
-  python benchmarks/fedmc_defaults.py embedded --stage calibration --seeds 0 1 --out E.jsonl
-  python benchmarks/fedmc_defaults.py embedded --stage parameters --base '{"anchored": true}' --seeds 0 1 --out E.jsonl
-  python benchmarks/fedmc_defaults.py embedded --base '{"anchored": true}' --seeds 0 1 2 \
+Run (what produced results/fedmc-defaults/fedmc_defaults_*-cpu.jsonl; docs/history.md §7):
+  python studies/fedmc-defaults/fedmc_defaults.py fidelity --out F.jsonl
+  python studies/fedmc-defaults/fedmc_defaults.py embedded --stage calibration --seeds 0 1 --out E.jsonl
+  python studies/fedmc-defaults/fedmc_defaults.py embedded --stage parameters --base '{"anchored": true}' --seeds 0 1 --out E.jsonl
+  python studies/fedmc-defaults/fedmc_defaults.py embedded --base '{"anchored": true}' --seeds 0 1 2 \
       --settings '[{"n_base": 256, "n_prototypes": 32}, {"scale": 0.0}]' --out E.jsonl
 The "base" rows use the augmenter's defaults at the time of the run (recorded with each row's
 params); the sweeps above ran before N_base 256 / 32 prototypes / anchored became the defaults.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
 import fidelity  # noqa: E402
 
 FIDELITY_BASE = dict(gamma="median", d=2, n_clusters=6, n_base=128, n_entries=20)
@@ -89,7 +89,7 @@ def sweep_embedded(out: str, *, seeds=(0,), beta: float = 0.1, rounds: int = 30,
     from fedsim.data.partition import partition
     from fedsim.runner import MethodSpec, RunConfig, run_method
 
-    cfg = RunConfig(beta=beta, rounds=rounds)
+    cfg = RunConfig(beta=beta, rounds=rounds).validate()  # the model's lr / batch size where None
     ds = load_dataset(cfg.dataset)
     specs = [("FedAvg", MethodSpec("FedAvg")), ("FedAvg+GGEUR", MethodSpec("FedAvg+GGEUR", augmenter="ggeur"))]
     # the recorded sweeps ran under protocol="fixed" (the default then; n_per_sample and

@@ -1,4 +1,5 @@
-"""Prototype, measured and not (yet) wired in: the gd pre-image iterated in span(z0, B).
+"""Prototype of the gd pre-image iterated in span(z0, B), in plain torch (measured before the
+native span kernel, csrc/cpu, made the same form the CPU default; docs/history.md §8, §15b).
 
 Every gd step of the paper's Eq. 14 moves z by a combination of z and the basis rows, so
 z_t = a_t z0 + C_t B with a scalar a_t and coefficients C_t (b, S) per point. With P = z0 B^T and
@@ -6,9 +7,9 @@ G = B B^T computed once, z . b_s = a P + C G and |z|^2 = a^2 |z0|^2 + 2a <C, P> 
 step costs one (b, S) x (S, S) product instead of the two (b, S) x (S, D) products of the
 reference: half the flops at S = D, a third at S = 256, D = 384 (FedMC's defaults on MiniLM).
 
-Run: .venv/bin/python benchmarks/preimage_span_timing.py    (the client-pipeline workload:
+Run: .venv/bin/python studies/preimage-span/preimage_span_timing.py    (the client-pipeline workload:
 5,000 points, S = D = 512, 100 steps, float32; prints loss, max deviation and best-of-3 times
-next to the torch reference and the native kernel, same process). Results: benchmarks/NOTES.md §8.
+next to the torch reference and the native kernel, same process). Results: docs/history.md §8.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
 import geomkern as gk  # noqa: E402
 from geomkern.ops.preimage import _CHUNK, gd_reference  # noqa: E402
 from test_client_pipeline import make_data  # noqa: E402
