@@ -7,15 +7,23 @@ declares which modules are backends (:func:`declare_backend`); they are imported
 dispatch, so a slow import (Triton) costs nothing until an op runs.
 
 Selection, per op and device type: ``auto`` takes the first backend of the op's measured
-preference list for that device type that is usable and serves it; an explicit backend is used
-where it serves the device, and the reference everywhere else (a backend that is asked for but is
-not usable here is an error saying why).
+preference list for that device type that is usable on it and serves it; an explicit backend is
+used where it serves the device, and the reference everywhere else. Availability is per device
+type (``why_not(name, device_type)``): a backend that is asked for but is not usable here is an
+error saying why, at ``set_backend`` (not usable on any device type) or at the dispatch of an op
+it serves on a device type it cannot run on (e.g. native on CUDA tensors where geomkern was not
+compiled with CUDA). Where ``auto`` passes over a preferred backend it says so once per process
+and device type: a ``RuntimeWarning`` when the backend is installed but broken (a compiled
+extension that exists and does not load), an INFO line on the "geomkern" logger when it is simply
+absent (never built, not installed: a supported set-up).
 """
 from __future__ import annotations
 
 import contextvars
 import importlib
+import logging
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,16 +31,24 @@ KNOWN_BACKENDS = ("reference", "native", "triton", "cupy")
 ANY_DEVICE = "*"
 
 
+def _never_broken(device_type: str) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Backend:
-    """What the registry needs to know about a backend: ``why_not()`` is "" when it is usable
-    here, otherwise one sentence saying what is missing and how to get it."""
+    """What the registry needs to know about a backend. ``why_not(device_type)`` is "" when it can
+    run on tensors of that device type here, otherwise one sentence saying what is missing and how
+    to get it; ``why_not(None)`` answers for the backend as a whole ("" when it can run on some
+    device type). ``broken(device_type)`` is True when it is installed for that device type but
+    fails to load (then ``auto`` warns when it falls back, rather than logging)."""
 
     name: str
-    why_not: Callable[[], str]
+    why_not: Callable[[str | None], str]
+    broken: Callable[[str], bool] = _never_broken
 
-    def available(self) -> bool:
-        return not self.why_not()
+    def available(self, device_type: str | None = None) -> bool:
+        return not self.why_not(device_type)
 
 
 @dataclass
@@ -53,10 +69,12 @@ METHOD_OPS: dict[str, tuple[str, dict[str, str]]] = {
                         "coordinates": "preimage_coordinates"}),
 }
 
-_BACKENDS: dict[str, Backend] = {"reference": Backend("reference", lambda: "")}
+_BACKENDS: dict[str, Backend] = {"reference": Backend("reference", lambda device_type=None: "")}
 _DECLARED: dict[str, str] = {}  # backend name -> module that registers it when imported
 _REGISTRY: dict[str, _OpEntry] = {}
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("geomkern_backend", default=None)
+_REPORTED: set[tuple[str, str]] = set()  # (backend, device type) whose fallback auto has reported
+_log = logging.getLogger("geomkern")
 
 
 def _known(name: str) -> str:
@@ -70,9 +88,12 @@ def declare_backend(name: str, module: str) -> None:
     _DECLARED[_known(name)] = module
 
 
-def register_backend(name: str, *, why_not: Callable[[], str]) -> None:
-    """Describe backend ``name``: ``why_not()`` returns "" when it is usable here."""
-    _BACKENDS[_known(name)] = Backend(name, why_not)
+def register_backend(name: str, *, why_not: Callable[[str | None], str],
+                     broken: Callable[[str], bool] = _never_broken) -> None:
+    """Describe backend ``name``: ``why_not(device_type)`` returns "" when it is usable on that
+    device type here (None: on some device type); ``broken(device_type)`` whether it is installed
+    there but fails to load (see :class:`Backend`)."""
+    _BACKENDS[_known(name)] = Backend(name, why_not, broken)
 
 
 def register(op: str, backend: str, *, devices: tuple[str, ...] = (ANY_DEVICE,),
@@ -105,21 +126,29 @@ def _load() -> None:
             importlib.import_module(module)
 
 
-def why_not(name: str) -> str:
+def why_not(name: str, device_type=None) -> str:
     """Why backend ``name`` cannot run here: "" when it is usable (its dependencies are present,
     e.g. a built ``geomkern._C`` for ``"native"``, Triton and a GPU or ``TRITON_INTERPRET=1``
     for ``"triton"``) and implements at least one op; otherwise one sentence saying what is
     missing and how to get it. ``name`` is one of ``KNOWN_BACKENDS``; ``gk.set_backend`` raises
     this reason for a backend that is asked for but not usable. ``why_not("reference")`` is
     always "".
+
+    device_type (``"cpu"``, ``"cuda"``, ``"cuda:0"`` or a ``torch.device``): answer for tensors
+    of that type only, e.g. ``why_not("native", "cuda")`` says "geomkern was not compiled with
+    CUDA" and how to get it where ``geomkern._C_cuda`` was not built, and an op that native
+    serves on CUDA raises that reason under ``gk.set_backend("native")``.
     """
     _load()
     backend = _BACKENDS.get(name)
     if backend is None:
         return f"no module registered backend {name!r}"
-    reason = backend.why_not()
-    if not reason and not any(name in e.impls for e in _REGISTRY.values()):
-        reason = f"backend {name!r} implements no op in this build"
+    dev = None if device_type is None else _device_type(device_type)
+    reason = backend.why_not(dev)
+    if not reason and not any(name in e.impls and (dev is None or serves(op, name, dev))
+                              for op, e in _REGISTRY.items()):
+        where = "" if dev is None else f" for {dev} tensors"
+        reason = f"backend {name!r} implements no op{where} in this build"
     return reason
 
 
@@ -224,26 +253,56 @@ def resolve(op: str, device_type, *, method: str | None = None) -> str:
 
     E.g. under ``auto``, ``resolve("preimage", "cpu", method="fixed_point")`` is ``"native"``
     where ``geomkern._C`` is built for AVX2 or wider (measured faster there) and ``"reference"``
-    elsewhere.
+    elsewhere. Under an explicit backend that serves the op on that device type but cannot run
+    there (:func:`why_not` with the device type), it raises RuntimeError with the reason, as the
+    op itself would.
     """
     _load()
-    op = _registered_op(op, method)
+    return _resolve(_registered_op(op, method), _device_type(device_type))
+
+
+def _device_type(device_type) -> str:
+    """The bare device type of a device type string, a device string ("cuda:0") or a torch.device."""
     dev = device_type if isinstance(device_type, str) else getattr(device_type, "type", None)
     if not isinstance(dev, str):
         raise TypeError(f"device_type must be a device type string ('cpu', 'cuda') or a torch.device, "
                         f"got {type(device_type).__name__}")
-    return _resolve(op, dev.split(":", 1)[0])
+    return dev.split(":", 1)[0]
 
 
 def _resolve(op: str, device_type: str) -> str:
-    """:func:`resolve` for a registered op and a bare device type (the dispatch path: no checks)."""
+    """:func:`resolve` for a registered op and a bare device type (the dispatch path)."""
     _load()
     chosen = get_backend()
-    candidates = _REGISTRY[op].auto_order.get(device_type, ()) if chosen == "auto" else (chosen,)
-    for name in candidates:
-        if serves(op, name, device_type) and _BACKENDS[name].available():
-            return name
+    if chosen != "auto":
+        if not serves(op, chosen, device_type):
+            return "reference"
+        reason = _BACKENDS[chosen].why_not(device_type)
+        if reason:
+            raise RuntimeError(f"backend {chosen!r} was asked for (gk.set_backend or GEOMKERN_BACKEND) "
+                               f"but cannot run {op} on {device_type} tensors here: {reason}; "
+                               "gk.set_backend('auto') runs it on the reference instead")
+        return chosen
+    for name in _REGISTRY[op].auto_order.get(device_type, ()):
+        if serves(op, name, device_type):
+            reason = _BACKENDS[name].why_not(device_type)
+            if not reason:
+                return name
+            _report_fallback(name, device_type, op, reason)
     return "reference"
+
+
+def _report_fallback(name: str, device_type: str, op: str, reason: str) -> None:
+    """``auto`` passed over ``name``, preferred for ``op`` on ``device_type``: say so once per process."""
+    if (name, device_type) in _REPORTED:
+        return
+    _REPORTED.add((name, device_type))
+    msg = (f"geomkern: {op} (and every op auto prefers {name!r} for) runs on the torch reference for "
+           f"{device_type} tensors, not on the {name!r} backend: {reason}")
+    if _BACKENDS[name].broken(device_type):
+        warnings.warn(msg, RuntimeWarning)
+    else:
+        _log.info(msg)
 
 
 def implementation(op: str, device_type: str) -> Callable:
@@ -258,7 +317,8 @@ def registered_ops() -> dict[str, tuple[str, ...]]:
     the same name; ``gk.preimage`` is three (``preimage_gd``, ``preimage_fixed_point``,
     ``preimage_coordinates``, one per method), and the Gram step of ``gk.kpca`` is the op
     ``kpca`` (its eigen-solve is torch on every backend). E.g. ``registered_ops()["preimage_gd"]``
-    is ``("reference", "native", "triton")`` where the native extension is built.
+    is ``("reference", "native", "triton")`` where Triton is installed; native's kernels are
+    listed whether or not its extensions were built (``why_not("native", device_type)`` says).
     """
     _load()
     return {op: tuple(e.impls) for op, e in sorted(_REGISTRY.items())}

@@ -1,8 +1,9 @@
 """What clients and servers exchange: one container convention for FedMC and GGEUR.
 
 Every object a federated method sends over the wire (``ggeur.ClassStatistics``,
-``ggeur.GlobalGeometry``, ``fedmc.GAB``, ``fedmc.LocalGeometry``, ``fedmc.GeometryDictionary``) is
-a dataclass derived from :class:`Exchanged`:
+``ggeur.GlobalGeometry``, ``fedmc.GAB``, ``fedmc.PrototypeRelease``, ``fedmc.LocalGeometry``,
+``fedmc.GeometryDictionary``) is a dataclass derived from :class:`Exchanged`, and its methods are
+the one way to serialise it (no module-level save/load beside them):
 
 * it is validated on construction (shapes, dtypes, devices, finiteness), so an invalid one cannot
   exist, whether it was computed locally, rebuilt from a dict or read from a file;

@@ -22,7 +22,7 @@ prints it; it uses a variance as a standard deviation, so its scale depends on t
 
 Containers follow :mod:`geomkern.exchange` (validated on construction, to_dict/from_dict,
 save/load); ``generator`` defaults to None, which follows the package rule (:mod:`geomkern._random`:
-a fresh, secretly seeded generator, never the global RNG).
+a fresh, secretly seeded generator, never the global RNG; numbers drawn on the generator's device).
 
 Speed: the official code eigendecomposes (and Cholesky-factors) the class covariance again for
 every sample; here it is one batched eigh per round on the server, and sampling is one GEMM per
@@ -376,14 +376,6 @@ def group_prototypes(stats_list, groups, *, exclude=()):
     return torch.cat(P), torch.cat(L), torch.cat(G)
 
 
-def _check_generator(generator, device: torch.device) -> torch.Generator:
-    generator = _random.resolve(generator, device)
-    if generator.device.type != device.type:
-        raise ValueError(f"generator is on {generator.device} but X is on {device}; "
-                         f"use torch.Generator(device={str(device)!r})")
-    return generator
-
-
 def _sample(X, y, geometry, n_new, generator, noise, n_components, what: str):
     """Shared sampler. n_new: (C,) int64 on CPU, new rows per class. Rows of class c are drawn
     round-robin from that class's rows of X (in their order in X); output grouped by class."""
@@ -400,12 +392,12 @@ def _sample(X, y, geometry, n_new, generator, noise, n_components, what: str):
     k = K if n_components is None else _validate.positive_int("n_components", n_components)
     if k > K:
         raise ValueError(f"n_components={k} is larger than the {K} eigenpairs in geometry")
-    gen = _check_generator(generator, X.device)
+    gen = _random.resolve(generator, X.device)
     X_new = X.new_empty(total, X.shape[1])
     y_new = torch.repeat_interleave(torch.arange(C), n_new).to(y.device)
     if total == 0:
         return X_new, y_new
-    eps = torch.randn(total, k, generator=gen, dtype=X.dtype, device=X.device)
+    eps = _random.randn((total, k), gen, dtype=X.dtype, device=X.device)
 
     # Source rows: class c's local rows in X order, cycled round-robin to n_new[c] rows.
     classes = torch.nonzero(n_new).squeeze(1).tolist()
@@ -450,8 +442,10 @@ def augment(X: torch.Tensor, y: torch.Tensor, geometry: GlobalGeometry, *,
         holds (n_c > 0), spread round-robin over that class's local samples (so when fewer
         than n_c are needed, the first ones in X order are used: shuffle X for a random
         choice). Classes with no local sample get none (use ``augment_prototypes`` for those).
-    generator: a torch.Generator on X's device makes the draw reproducible; None (the default)
-      draws from a fresh, secretly seeded generator on X's device (geomkern._random).
+    generator: a torch.Generator makes the draw reproducible (on any device: the numbers are
+      drawn on its device and moved to X's, so a CPU generator draws the same numbers for CPU
+      and CUDA X); None (the default) draws from a fresh, secretly seeded generator on X's
+      device (geomkern._random).
     noise: "sqrt" (s = sqrt(lambda): x' - x ~ N(0, Sigma_c), as the official code samples) or
       "paper" (s = lambda, as the paper's equation prints it).
     n_components: use only the top n_components eigenpairs of each class (default: all).

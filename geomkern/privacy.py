@@ -98,13 +98,6 @@ def _positive_finite(name: str, v) -> float:
     return v
 
 
-def _generator(g) -> torch.Generator:
-    # None: a CPU generator with a secret seed from the OS (the package rule, geomkern._random;
-    # the deployment setting). Noise is drawn on the generator's device, so CPU keeps one seed's
-    # noise the same whatever device the data is on.
-    return _random.resolve(g, "cpu")
-
-
 # --------------------------------------------------------------------------- accounting
 
 def _dp():
@@ -255,9 +248,10 @@ def gaussian_mechanism(values: torch.Tensor, *, sensitivity: float, noise_multip
     """values + N(0, sigma^2) elementwise, sigma = noise_multiplier * sensitivity (a standard
     deviation), where ``sensitivity`` is the L2 sensitivity of ``values`` as a whole.
 
-    The noise is drawn with ``generator`` (None, the default: a secretly seeded one,
-    :mod:`geomkern._random`) on the generator's device (so one seed gives the same noise whatever
-    device ``values`` is on) in ``values``' dtype, then moved to ``values``' device.
+    The noise is drawn with ``generator`` (None, the default: a secretly seeded one on
+    ``values``' device) on the generator's device (so one seed gives the same noise whatever
+    device ``values`` is on) in ``values``' dtype, then moved to ``values``' device: the package
+    rule, :mod:`geomkern._random`.
     ``noise_multiplier == 0`` returns a copy of values (nothing drawn).
     """
     values = _validate.tensor("values", values, ndim=tuple(range(0, 9)), allow_empty=True)
@@ -265,13 +259,12 @@ def gaussian_mechanism(values: torch.Tensor, *, sensitivity: float, noise_multip
     z = _real("noise_multiplier", noise_multiplier)
     if not (math.isfinite(z) and z >= 0):
         raise ValueError(f"noise_multiplier must be a finite number >= 0, got {z}")
-    generator = _generator(generator)
+    generator = _random.resolve(generator, values.device)
     sigma = z * sensitivity
     if sigma == 0.0:
         return values.clone()
-    noise = torch.randn(values.shape, generator=generator, device=generator.device,
-                        dtype=values.dtype)
-    return values + noise.to(values.device).mul_(sigma)
+    noise = _random.randn(values.shape, generator, dtype=values.dtype, device=values.device)
+    return values + noise.mul_(sigma)
 
 
 def _release_means(Xc: torch.Tensor, labels: torch.Tensor, k: int, clip_norm: float, z: float,
@@ -302,8 +295,8 @@ def _split_starved(centers: torch.Tensor, counts: torch.Tensor, threshold: float
     if starved.numel() == 0 or fed.numel() == 0:
         return centers
     donors = fed[torch.arange(starved.numel(), device=fed.device) % fed.numel()]
-    offset = torch.randn(starved.numel(), centers.shape[1], generator=generator,
-                         device=generator.device, dtype=centers.dtype).to(centers.device)
+    offset = _random.randn((starved.numel(), centers.shape[1]), generator, dtype=centers.dtype,
+                           device=centers.device)
     offset *= 1e-2 * clip_norm / torch.linalg.vector_norm(offset, dim=1,
                                                           keepdim=True).clamp_min(1e-30)
     centers = centers.clone()
@@ -319,7 +312,7 @@ def _spread_directions(k: int, D: int, generator: torch.Generator, dtype) -> tor
     """k unit vectors picked greedily farthest-first from 32k random directions: data-independent
     and well spread even in low D, where k plain random directions can clump and leave clusters
     uncovered (Su et al. 2016 find spread-out initial centres clearly improve DPLloyd)."""
-    pool = torch.randn(32 * k, D, generator=generator, device=generator.device, dtype=dtype)
+    pool = _random.randn((32 * k, D), generator, dtype=dtype)  # on the generator's device
     pool = pool / torch.linalg.vector_norm(pool, dim=1, keepdim=True).clamp_min(1e-30)
     chosen = [0]
     closest = _sqdist(pool, pool[:1]).squeeze(1)
@@ -382,7 +375,7 @@ def dp_lloyd(X: torch.Tensor, k: int, *, epsilon: float, delta: float, clip_norm
     epsilon, delta = _epsilon(epsilon), _delta(delta)
     clip_norm = _positive_finite("clip_norm", clip_norm)
     iters = _validate.positive_int("iters", iters)
-    generator = _generator(generator)
+    generator = _random.resolve(generator, X.device)
     N, D = X.shape
     if k > N:
         raise ValueError(f"k={k} is larger than the number of points (X has {N}); lower k")

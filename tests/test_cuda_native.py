@@ -9,7 +9,7 @@ GPU tests (marked ``gpu``; skipped without a CUDA device, or when _C_cuda was no
   * the fused pre-image loop vs gd_reference in float64 on the same inputs, through gk.preimage.
 The same kernels run under host emulation in tests/test_cuda_emulated.py (no GPU needed).
 
-CPU tests: the device-dispatching wrappers geomkern/backends/native/cuda.py registers when
+CPU tests: the device-dispatching wrappers geomkern/backends/native/__init__.py registers when
 _C_cuda exists, exercised with a stand-in for _C_cuda, so the CPU native registration they wrap
 is checked to survive unchanged on every machine.
 """
@@ -34,8 +34,8 @@ from geomkern.ops.preimage import default_gd_lr, gd_reference
 CUDA = torch.cuda.is_available()
 # on a GPU machine where setup.py did not build the extension, say why instead of failing;
 # bool(): pytest evaluates a str condition as Python source, and "" (built) was a SyntaxError there
-needs_ext = pytest.mark.skipif(bool(CUDA and native_cuda.cuda_why_not()),
-                               reason=f"geomkern._C_cuda is not built: {native_cuda.cuda_why_not()}")
+needs_ext = pytest.mark.skipif(bool(CUDA and native_cuda.why_not("cuda")),
+                               reason=native_cuda.why_not("cuda") or "built")
 # Same bounds as the emulated tests (tests/test_cuda_emulated.py): the solver computes in double,
 # so float32 results are limited by their final rounding (emulation: <= 1e-7).
 EIGH_TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
@@ -208,6 +208,7 @@ def registered_with_fake_cuda(monkeypatch):
     before = copy.deepcopy(_dispatch._REGISTRY)
     monkeypatch.setattr(_dispatch, "_REGISTRY", copy.deepcopy(_dispatch._REGISTRY))
     fake = _FakeCExtension()
+    monkeypatch.setattr(native_cuda, "_CUDA", native_cuda._Extension(fake, "", False))
     native_cuda.register(native_cuda._C, fake)
     return before, fake
 

@@ -2,9 +2,11 @@
 registry, and that every backend built here agrees with the reference on every op it has."""
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -215,3 +217,111 @@ def test_why_not_is_public():
     for name in _dispatch.KNOWN_BACKENDS:
         assert (gk.why_not(name) == "") == (name in gk.available_backends())
     assert "no module registered backend 'bogus'" in gk.why_not("bogus")
+
+
+# ------------------------------------------- availability per device type, and how a fallback is told
+
+def test_why_not_answers_per_device_type():
+    assert gk.why_not("reference", "cuda") == ""
+    assert gk.why_not("native", "cpu") == native.why_not("cpu") == ""  # CI builds geomkern._C
+    assert gk.why_not("native", torch.device("cuda", 0)) == gk.why_not("native", "cuda:1") \
+        == native.why_not("cuda")
+    if native._C_cuda is None:
+        reason = gk.why_not("native", "cuda")
+        assert reason.startswith("geomkern was not compiled with CUDA: geomkern._C_cuda is not built")
+        for fix in ("pip install --no-build-isolation .", "CUDA_HOME", "TORCH_CUDA_ARCH_LIST",
+                    "GEOMKERN_NO_CUDA"):
+            assert fix in reason
+    assert "kernels for cpu and cuda tensors only, not mps" in gk.why_not("native", "mps")
+    with pytest.raises(TypeError, match="device_type must be"):
+        gk.why_not("native", 0)
+
+
+def test_explicit_native_refuses_a_device_type_it_was_not_built_for(monkeypatch):
+    """set_backend("native") with CUDA tensors and no _C_cuda: the ops native has CUDA kernels for
+    raise the reason instead of quietly running the reference; the others run the reference as
+    for any backend, and auto never raises."""
+    missing = native._Extension(None, "geomkern was not compiled with CUDA: test", False)
+    monkeypatch.setattr(native, "_CUDA", missing)
+    with gk.set_backend("native"):
+        for op in ("eigh", "preimage_gd"):  # the ops of csrc/cuda
+            with pytest.raises(RuntimeError, match=rf"backend 'native' was asked for .* cannot run {op} on "
+                                                   "cuda tensors here: geomkern was not compiled with CUDA"):
+                gk.resolve(op, "cuda:0")
+        assert gk.resolve("rbf_gram", "cuda") == "reference"
+        assert gk.resolve("preimage_gd", "cpu") == "native"  # the CPU kernels are unaffected
+    for op in gk.registered_ops():
+        assert gk.resolve(op, "cuda") != "native"
+
+
+@pytest.fixture
+def auto_prefers_native(monkeypatch):
+    """A copy of the registry with one op that auto prefers native for on CPU (whatever this
+    machine's ISA), reports not yet made, and a call that dispatches it."""
+    monkeypatch.setattr(_dispatch, "_REGISTRY", copy.deepcopy(_dispatch._REGISTRY))
+    monkeypatch.setattr(_dispatch, "_REPORTED", set())
+    _dispatch.register("probe", "reference")(lambda: "reference")
+    _dispatch.register("probe", "native", devices=("cpu",), auto_on=("cpu",))(lambda: "native")
+    return lambda: _dispatch.implementation("probe", "cpu")()
+
+
+def _fail_import(monkeypatch, error: Exception):
+    """geomkern._C fails to import with ``error``; every other import is untouched."""
+    real = native.importlib.import_module
+
+    def fake(name, package=None):
+        if (name, package) == ("..._C", native.__package__):
+            raise error
+        return real(name, package)
+
+    monkeypatch.setattr(native.importlib, "import_module", fake)
+
+
+def _load_cpu():
+    return native._find()[0]
+
+
+def test_a_built_extension_that_cannot_load_warns_once(monkeypatch, auto_prefers_native):
+    _fail_import(monkeypatch, ImportError("libc10.so: cannot open shared object file"))
+    ext = _load_cpu()
+    built = [p.name for p in native._compiled_files("_C")]
+    assert ext.module is None and ext.broken and built  # the real .so is there, untouched
+    for part in (f"geomkern._C is built ({built[0]}", "cannot be loaded here: ImportError: libc10.so",
+                 "rebuild it for this environment", "pip install --no-build-isolation ."):
+        assert part in ext.why_not
+    monkeypatch.setattr(native, "_CPU", ext)
+    monkeypatch.setattr(native, "_CUDA", native._Extension(None, "not compiled with CUDA", False))
+    assert gk.why_not("native") == gk.why_not("native", "cpu") == ext.why_not
+    assert "native" not in gk.available_backends()
+    with pytest.raises(RuntimeError, match="backend 'native' is not available: the native CPU kernels"):
+        gk.set_backend("native")
+    with pytest.warns(RuntimeWarning, match=r"probe .* runs on the torch reference for cpu tensors, not on "
+                                            r"the 'native' backend: the native CPU kernels are unavailable"):
+        assert auto_prefers_native() == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: no second warning
+        assert auto_prefers_native() == "reference"
+
+
+def test_an_extension_built_for_another_python_is_named(monkeypatch, tmp_path):
+    (tmp_path / "_C.cpython-399-x86_64-linux-gnu.so").write_bytes(b"")
+    monkeypatch.setattr(native, "_PACKAGE", tmp_path)
+    _fail_import(monkeypatch, ModuleNotFoundError("No module named 'geomkern._C'"))
+    ext = _load_cpu()
+    assert ext.broken and "built for another Python or platform: this one loads _C." in ext.why_not
+
+
+def test_a_never_built_extension_logs_one_info_line(monkeypatch, tmp_path, caplog, auto_prefers_native):
+    monkeypatch.setattr(native, "_PACKAGE", tmp_path)  # no compiled file: a pure-torch install
+    _fail_import(monkeypatch, ModuleNotFoundError("No module named 'geomkern._C'"))
+    ext = _load_cpu()
+    assert ext.module is None and not ext.broken
+    assert f"geomkern._C is not built (no compiled file in {tmp_path})" in ext.why_not
+    assert "pip install --no-build-isolation ." in ext.why_not
+    monkeypatch.setattr(native, "_CPU", ext)
+    with warnings.catch_warnings(), caplog.at_level("INFO", logger="geomkern"):
+        warnings.simplefilter("error")  # no warning: the reference is the designed result
+        assert auto_prefers_native() == "reference"
+        assert auto_prefers_native() == "reference"
+    lines = [r for r in caplog.records if r.name == "geomkern"]
+    assert len(lines) == 1 and "geomkern._C is not built" in lines[0].getMessage()

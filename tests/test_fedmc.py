@@ -198,36 +198,38 @@ def test_auto_components_by_explained_variance(pipeline):
 
 
 def test_serialisation_round_trips_bit_exactly(tmp_path, pipeline):
+    """The containers' own save/load (geomkern.exchange) is the one serialisation: a GAB goes as
+    GAB(B) and comes back as GAB.load(path).basis."""
     X, B, gamma, lgds, D = pipeline
-    for obj, kind in ((B, "gab"), (lgds[0], "local_geometry"), (D, "geometry_dictionary")):
-        path = tmp_path / f"{kind}.safetensors"
-        fedmc.save(obj, path)
-        back = fedmc.load(path, kind=kind)
-        if kind == "gab":
-            assert torch.equal(back, obj)
-            continue
+    released = fedmc.PrototypeRelease(*fedmc.client_prototypes(X[:100], 4, epsilon=math.inf,
+                                                               generator=torch.Generator().manual_seed(0)))
+    for obj in (fedmc.GAB(B), released, lgds[0], D):
+        path = tmp_path / f"{obj._KIND}.safetensors"
+        obj.save(path)
+        back = type(obj).load(path)
         assert type(back) is type(obj)
         for name, v in obj.to_dict().items():  # tensors bit-exact, numbers (gamma, epsilon=inf) equal
             w = getattr(back, name)
             assert torch.equal(w, v) if isinstance(v, torch.Tensor) else w == v, name
-        assert back.gamma == obj.gamma
+    assert torch.equal(fedmc.GAB.load(tmp_path / "gab.safetensors").basis, B)
+    assert fedmc.LocalGeometry.load(tmp_path / "local_geometry.safetensors").gamma == lgds[0].gamma
 
 
 def test_serialisation_rejects_bad_files(tmp_path, pipeline):
     X, B, gamma, lgds, D = pipeline
     good = tmp_path / "d.safetensors"
-    fedmc.save(D, good)
+    D.save(good)
     raw = good.read_bytes()
     (tmp_path / "trunc.safetensors").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(ValueError, match="not a readable safetensors"):
-        fedmc.load(tmp_path / "trunc.safetensors")
+        GeometryDictionary.load(tmp_path / "trunc.safetensors")
     (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(ValueError):
-        fedmc.load(tmp_path / "junk.safetensors")
+        GeometryDictionary.load(tmp_path / "junk.safetensors")
     with pytest.raises(ValueError, match="expected a local_geometry"):
-        fedmc.load(good, kind="local_geometry")
+        LocalGeometry.load(good)
     with pytest.raises(ValueError, match="does not exist"):
-        fedmc.load(tmp_path / "missing.safetensors")
+        GeometryDictionary.load(tmp_path / "missing.safetensors")
     from safetensors.torch import save_file
 
     # a dictionary whose variances disagree with its betas in d
@@ -237,15 +239,15 @@ def test_serialisation_rejects_bad_files(tmp_path, pipeline):
     t["variances"] = t["variances"][:, :1].contiguous()
     save_file(t, str(tmp_path / "shape.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="variances"):
-        fedmc.load(tmp_path / "shape.safetensors")
+        GeometryDictionary.load(tmp_path / "shape.safetensors")
     t = {k: v.clone() for k, v in D.to_dict().items() if isinstance(v, torch.Tensor)}
     t["betas"][0, 0, 0] = float("nan")
     save_file(t, str(tmp_path / "nan.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="NaN"):
-        fedmc.load(tmp_path / "nan.safetensors")
+        GeometryDictionary.load(tmp_path / "nan.safetensors")
     save_file({"basis": B.clone()}, str(tmp_path / "nometa.safetensors"))
     with pytest.raises(ValueError, match="not a geomkern.fedmc file"):
-        fedmc.load(tmp_path / "nometa.safetensors")
+        fedmc.GAB.load(tmp_path / "nometa.safetensors")
 
 
 def test_build_gab_and_gamma(pipeline):
@@ -262,6 +264,7 @@ def test_build_gab_and_gamma(pipeline):
 def test_prepared_dictionary_is_built_once_and_changes_nothing(pipeline, monkeypatch):
     """fedmc.prepare computes the GAB Gram's factor and the coefficient maps once; calibrate with
     it gives what the one-shot call gives, and builds neither again."""
+    from geomkern.fedmc import calibration
     from geomkern.ops import preimage as pre
 
     X, B, gamma, lgds, D = pipeline
@@ -274,7 +277,7 @@ def test_prepared_dictionary_is_built_once_and_changes_nothing(pipeline, monkeyp
         b = fedmc.calibrate(x, prep, method=method, generator=torch.Generator().manual_seed(1))
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     calls = {"factor": 0, "gram_BB": 0}
-    real_factor, real_gram = pre.fixed_point_factor, fedmc.rbf_gram
+    real_factor, real_gram = pre.fixed_point_factor, calibration.rbf_gram
 
     def factor(*a, **k):
         calls["factor"] += 1
@@ -285,8 +288,8 @@ def test_prepared_dictionary_is_built_once_and_changes_nothing(pipeline, monkeyp
         return real_gram(X, Y, **k)
 
     monkeypatch.setattr(pre, "fixed_point_factor", factor)
-    monkeypatch.setattr(fedmc, "fixed_point_factor", factor)
-    monkeypatch.setattr(fedmc, "rbf_gram", gram)
+    monkeypatch.setattr(calibration, "fixed_point_factor", factor)
+    monkeypatch.setattr(calibration, "rbf_gram", gram)
     for _ in range(3):
         fedmc.calibrate(x, prep, method="fixed_point", generator=None)
         fedmc.calibrate(x, prep, formulation="paper", method="fixed_point", generator=None)
@@ -348,6 +351,24 @@ def test_generator_none_is_a_fresh_secret_seed_not_the_global_rng(pipeline):
 
 # ------------------------------------------------------------------ containers (geomkern.exchange)
 
+def test_the_role_modules_public_names_are_importable_from_fedmc():
+    """geomkern.fedmc is a package split by role (client, server, calibration, containers,
+    recipe); each module's public names are importable from geomkern.fedmc itself."""
+    import importlib
+    import pkgutil
+    import types
+
+    roles = {m.name for m in pkgutil.iter_modules(fedmc.__path__)}
+    assert {"client", "server", "calibration", "containers"} <= roles
+    for role in roles:
+        mod = importlib.import_module(f"geomkern.fedmc.{role}")
+        own = [n for n, v in vars(mod).items() if not n.startswith("_") and not isinstance(v, types.ModuleType)
+               and getattr(v, "__module__", mod.__name__) == mod.__name__]
+        assert own, role
+        for name in own:
+            assert name in fedmc.__all__ and getattr(fedmc, name) is getattr(mod, name), f"{role}.{name}"
+
+
 def test_containers_follow_the_exchange_convention(tmp_path, pipeline):
     from geomkern.exchange import Exchanged, nbytes
 
@@ -362,8 +383,9 @@ def test_containers_follow_the_exchange_convention(tmp_path, pipeline):
             for k, v in obj.to_dict().items():
                 w = getattr(other, k)
                 assert torch.equal(w, v) if isinstance(v, torch.Tensor) else w == v, k
-    # the module functions and the methods write one format
-    fedmc.save(D, tmp_path / "f.safetensors")
+    # one convention: the containers' methods, no module-level save/load beside them
+    assert not hasattr(fedmc, "save") and not hasattr(fedmc, "load")
+    D.save(tmp_path / "f.safetensors")
     assert type(fedmc.GeometryDictionary.load(tmp_path / "f.safetensors")) is fedmc.GeometryDictionary
     with pytest.raises(ValueError, match="holds a geometry_dictionary, expected a local_geometry"):
         fedmc.LocalGeometry.load(tmp_path / "f.safetensors")

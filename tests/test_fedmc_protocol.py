@@ -153,7 +153,7 @@ def test_algorithm1_round_geometry_comes_from_the_round_clients_only():
 
 
 def test_algorithm1_is_the_default_and_refuses_the_fixed_protocols_budget():
-    """Algorithm 1 is the default (it measured above "fixed" at every beta, NOTES §16); the added-
+    """Algorithm 1 is the default (it measured above "fixed" at every beta, docs/history.md §16); the added-
     sample budget exists only under "fixed", so setting it without that protocol is refused by name
     rather than ignored."""
     assert FedMCAugmenter().p["protocol"] == "algorithm1"

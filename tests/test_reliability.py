@@ -188,10 +188,12 @@ def test_resume_with_flags_applies_more_rounds_and_refuses_the_rest(tmp_path, bl
     from fedsim.cli import main
 
     full = tmp_path / "full"
-    runner.run(_cfg(blobs, rounds=4), full, progress=False)
     out = tmp_path / "o"
     base = ["run", "--dataset", str(blobs), "--clients", "3", "--beta", "0.5", "--batch-size", "32",
             "--min-size", "5", "--algorithms", "fedavg", "--augmenters", "none", "--quiet"]
+    # the uninterrupted run through the same CLI, so at the same thread count (--threads 0's rule): the
+    # head's float32 weight gradient differs in the last bit between 1 and 2 threads on some batch sizes
+    assert main(base + ["--rounds", "4", "--out", str(full)]) == 0
     assert main(base + ["--rounds", "2", "--out", str(out)]) == 0
     capsys.readouterr()
     for extra, flag in ((["--lr", "0.01"], "--lr"), (["--rounds", "1"], "--rounds"), (["--out", str(out)], "--out"),
@@ -406,7 +408,7 @@ def test_fedmc_containers_reject_impossible_values(tmp_path, change, match):
             "scalars": json.dumps({k: (v if math.isfinite(v) else str(v)) for k, v in scalars.items()})}
     save_file(tensors, str(tmp_path / "lgd.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match=match) as info:
-        fedmc.load(tmp_path / "lgd.safetensors")
+        fedmc.LocalGeometry.load(tmp_path / "lgd.safetensors")
     assert "lgd.safetensors" in str(info.value)
 
 

@@ -2,9 +2,10 @@
 syevj for small matrices), zero-copy both ways through DLPack.
 
 Registered as backend "cupy" when ``cupy`` imports; it serves CUDA tensors only (a CPU tensor
-under ``set_backend("cupy")`` uses the reference). Not preferred by ``auto``: no GPU benchmark of
-it against torch and geomkern's Jacobi kernel has been recorded yet
-(benchmarks/test_eigh_gpu.py measures all three).
+under ``set_backend("cupy")`` uses the reference). Not preferred by ``auto``, although the one
+recorded comparison (float32 centred RBF Grams on an H100,
+results/gpu/eigh_gpu-NVIDIA_H100_80GB_HBM3.json) measured it faster than torch.linalg.eigh: 0.0080 s
+against 0.88 s for 500 of 100 x 100, 0.13 s against 0.94 s for 64 of 512 x 512.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ except Exception as exc:  # ImportError, or a CUDA-library error from a broken i
               "`pip install cupy-cuda12x` (or `pip install geomkern[cupy]`); it runs on CUDA tensors")
 
 
-def why_not() -> str:
+def why_not(device_type: str | None = None) -> str:  # the same on every device type it serves
     return _ERROR
 
 

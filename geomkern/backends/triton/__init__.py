@@ -29,7 +29,7 @@ except ImportError as exc:
     )
 
 
-def why_not() -> str:
+def why_not(device_type: str | None = None) -> str:  # the same on every device type it serves
     if triton is None:
         return _ERROR
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
