@@ -37,7 +37,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("X"), py::arg("offsets"), py::arg("k"), py::arg("seed"),
         py::call_guard<py::gil_scoped_release>());
   m.def("kmeans_lloyd", &geomkern::kmeans_lloyd_cpu,
-        "Lloyd iterations per set from given centres, each set stopping when its labels are stable",
+        "Lloyd iterations per set from given centres, each set stopping when its labels are stable; "
+        "returns labels, centers, passes and the inertia per set",
         py::arg("X"), py::arg("offsets"), py::arg("centers"), py::arg("iters"),
         py::call_guard<py::gil_scoped_release>());
 }

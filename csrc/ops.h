@@ -25,7 +25,8 @@ at::Tensor preimage_fixed_point_span_cpu(const at::Tensor& Z0, const at::Tensor&
 at::Tensor rbf_matmul_cpu(const at::Tensor& X, const at::Tensor& Y, const at::Tensor& V, double gamma);
 // csrc/cpu/kmeans.cpp: greedy k-means++ per set (one splitmix64 stream per seed and set), and
 // Lloyd per set from given centres, each set stopping on its own;
-// returns labels (N,), centers (m, k, D), assignment passes per set (m,)
+// returns labels (N,), centers (m, k, D), assignment passes per set (m,) and the inertia per set
+// (m,) float64, from exact squared distances
 at::Tensor kmeanspp_cpu(const at::Tensor& X, const at::Tensor& offsets, int64_t k, int64_t seed);
 std::vector<at::Tensor> kmeans_lloyd_cpu(const at::Tensor& X, const at::Tensor& offsets,
                                          const at::Tensor& centers, int64_t iters);

@@ -3,15 +3,17 @@ class moments, batched eigh and K-Means) with a float64-capable torch reference 
 fused native / GPU fast paths. Tensors in, tensors out, same device.
 
 Randomness: every ``generator`` argument (fedmc, ggeur, privacy) takes a torch.Generator, or None
-(the default) for a fresh generator seeded secretly from the OS, never the global RNG
-(``geomkern/_random.py``).
+(the default) for a fresh generator seeded secretly from the OS, never the global RNG; numbers are
+drawn on the generator's device and moved to the data's (``geomkern/_random.py``).
 
 Dispatch: ``resolve(op, device_type)`` says which backend an op runs on, ``registered_ops()``
-lists the dispatched ops and their backends, ``why_not(backend)`` says why a backend cannot run
-here ("" when it can).
+lists the dispatched ops and their backends, ``why_not(backend, device_type=None)`` says why a
+backend cannot run here, or on that device type ("" when it can): e.g. ``why_not("native", "cuda")``
+where geomkern was not compiled with CUDA. A compiled extension that exists but does not load is
+reported once, by a warning at the first op that ``auto`` would have run on it.
 """
 from ._dispatch import available_backends, get_backend, registered_ops, resolve, set_backend, why_not
-from .ops.kmeans import kmeans
+from .ops.kmeans import KMeansResult, kmeans
 from .ops.kpca import KPCAFit, kpca, kpca_transform, project_onto_basis
 from . import backends  # noqa: F401  (declares the fast backends to the dispatcher)
 from .ops.eigh import eigh
@@ -23,7 +25,7 @@ from .ops.rbf import median_gamma, rbf_gram, rbf_matmul
 __version__ = "0.1.0"
 
 __all__ = [
-    "KPCAFit", "available_backends", "bures", "class_moments", "eigh", "gaussian_barycenter",
+    "KMeansResult", "KPCAFit", "available_backends", "bures", "class_moments", "eigh", "gaussian_barycenter",
     "gaussian_w2", "get_backend", "kmeans", "kpca", "sqrtm_psd",
     "kpca_transform", "median_gamma", "pool_moments", "registered_ops", "preimage", "preimage_loss",
     "project_onto_basis", "rbf_gram", "rbf_matmul", "resolve", "set_backend", "why_not",

@@ -185,12 +185,16 @@ def test_native_lloyd_matches_float64_lloyd(sizes, k, D, dtype):
     seed = secrets.randbits(31)
     X, off = _ragged_sets(sizes, D, seed, dtype, k)
     init = native._C.kmeanspp(X, off, k, seed)
-    labels, centres, passes = native._C.kmeans_lloyd(X, off, init, 20)
+    labels, centres, passes, inertia = native._C.kmeans_lloyd(X, off, init, 20)
     ref_labels, ref_centres = _lloyd64(X, off, init, 20)
     where = f"seed={seed} sizes={sizes} k={k} D={D}"
     assert torch.equal(labels, ref_labels), where
     assert_close_rel(centres, ref_centres, TOL[dtype], where)
     assert passes.shape == (len(sizes),) and bool((passes >= 1).all() and (passes <= 21).all())
+    # the inertia it returns: exact squared distances to the centres it returns, per set
+    assert inertia.dtype == torch.float64 and inertia.shape == (len(sizes),)
+    want = torch.from_numpy(_set_inertias(X.double(), off, labels, centres.double()))
+    assert_close_rel(inertia, want, TOL[dtype], where)
 
 
 def test_native_lloyd_stops_each_set_on_its_own():
@@ -198,9 +202,9 @@ def test_native_lloyd_stops_each_set_on_its_own():
     takes 2 assignments (assign, confirm), the others as many as they need."""
     X, off = _ragged_sets([40, 60], 4, 1, torch.float64)
     init = native._C.kmeanspp(X, off, 3, 0)
-    _, done, _ = native._C.kmeans_lloyd(X, off, init, 50)  # converged centres of both sets
+    done = native._C.kmeans_lloyd(X, off, init, 50)[1]  # converged centres of both sets
     start = torch.stack([done[0], init[1]])
-    _, _, passes = native._C.kmeans_lloyd(X, off, start, 50)
+    passes = native._C.kmeans_lloyd(X, off, start, 50)[2]
     assert int(passes[0]) == 2, passes
     assert int(passes[1]) >= 2
 
@@ -213,20 +217,21 @@ def _set_inertias(X, off, labels, centres) -> np.ndarray:
 
 def test_native_kmeans_as_good_as_reference(seed):
     """gk.kmeans on the native backend draws its own k-means++ starts: over 40 ragged sets of
-    blobs and 4 start seeds it lands in a poor local optimum (inertia > 2% above the best any run
+    blobs and 8 start seeds it lands in a poor local optimum (inertia > 2% above the best any run
     found for that set) no more often than the reference (the same algorithm), give or take 4 of
-    160 runs, and its median total inertia over the seeds is within 2% of the reference's. (A
+    320 runs, and its median total inertia over the seeds is within 2% of the reference's. (A
     bound on the mean total over 3 seeds failed once, on correct code: one poor optimum in one set
-    added 16%.)"""
+    added 16%; so did the median over 4 seeds, when 2 of them each met one poor set: over 1,920
+    runs of 6 such data sets the reference met 1 poor optimum and native 2.)"""
     rng = np.random.default_rng(seed)
     sizes = [int(n) for n in rng.integers(12, 90, 40)]
     X, off = _ragged_sets(sizes, 6, int(rng.integers(2 ** 31)), torch.float64, k=4)
     ours, ref = [], []
-    for s in range(4):
+    for s in range(8):
         with gk.set_backend("reference"):
-            ref.append(_set_inertias(X, off, *gk.kmeans(X, 4, offsets=off, seed=s)))
+            ref.append(_set_inertias(X, off, *gk.kmeans(X, 4, offsets=off, seed=s, n_init=1)))
         with gk.set_backend("native"):
-            ours.append(_set_inertias(X, off, *gk.kmeans(X, 4, offsets=off, seed=s)))
+            ours.append(_set_inertias(X, off, *gk.kmeans(X, 4, offsets=off, seed=s, n_init=1)))
     ours, ref = np.stack(ours), np.stack(ref)  # (seeds, sets)
     best = np.minimum(ours.min(0), ref.min(0))
     poor_ours, poor_ref = int((ours > 1.02 * best).sum()), int((ref > 1.02 * best).sum())

@@ -157,3 +157,51 @@ def test_kmeans_on_device(device, gen):
     for j in range(2):
         a, b = int(off[j]), int(off[j + 1])
         check_consistent(X[a:b], labels[a:b].cpu(), centers[j].cpu(), 3, TOL[torch.float64])
+
+
+def test_kmeans_result_is_the_pair_with_its_inertia(gen):
+    """gk.kmeans unpacks as (labels, centers), as it always did, and carries .inertia: float64,
+    the exact sum of squared distances to the returned centres (per segment with offsets)."""
+    import pickle
+
+    X = torch.randn(60, 3, generator=gen)
+    off = offsets_from_sizes([25, 35])
+    for res, offs in ((gk.kmeans(X, 3), None), (gk.kmeans(X, 3, offsets=off), off)):
+        labels, centers = res
+        assert res.labels is labels and res.centers is centers and len(res) == 2
+        assert res.inertia.dtype == torch.float64
+        if offs is None:
+            want = torch.tensor(_inertia(_np(X), labels.numpy(), _np(centers)), dtype=torch.float64)
+            assert res.inertia.shape == ()
+        else:
+            o = offs.tolist()
+            want = torch.tensor([_inertia(_np(X[o[j]:o[j + 1]]), labels[o[j]:o[j + 1]].numpy(), _np(centers[j]))
+                                 for j in range(2)], dtype=torch.float64)
+        assert_close_rel(res.inertia, want, 1e-6, "inertia")
+        back = pickle.loads(pickle.dumps(res))
+        assert torch.equal(back.labels, labels) and torch.equal(back.inertia, res.inertia)
+        assert "inertia=" in repr(res)
+
+
+@pytest.mark.parametrize("backend", backends_for("kmeans"), indirect=True)
+def test_n_init_keeps_each_segments_best_start(backend, gen):
+    """n_init=n runs the starts init_seed(seed, 0..n-1) and keeps, per segment, the run of lowest
+    inertia (ties: the earlier start); n_init=1 is the single run of ``seed``."""
+    from geomkern.ops.kmeans import init_seed
+
+    X = torch.cat([torch.randn(40, 4, generator=gen) + 3 * torch.randn(1, 4, generator=gen)
+                   for _ in range(6)]).double()
+    off = offsets_from_sizes([40, 80, 40, 60, 20])
+    singles = [gk.kmeans(X, 4, offsets=off, seed=init_seed(7, i), n_init=1) for i in range(3)]
+    assert torch.equal(singles[0].centers, gk.kmeans(X, 4, offsets=off, seed=7, n_init=1).centers)
+    best = gk.kmeans(X, 4, offsets=off, seed=7, n_init=3)
+    stacked = torch.stack([s.inertia for s in singles])  # (starts, segments)
+    pick = stacked.argmin(0)  # first minimum: the earlier start on ties
+    assert torch.equal(best.inertia, stacked.min(0).values)
+    o = off.tolist()
+    for j in range(len(o) - 1):
+        s = singles[int(pick[j])]
+        assert torch.equal(best.centers[j], s.centers[j])
+        assert torch.equal(best.labels[o[j]:o[j + 1]], s.labels[o[j]:o[j + 1]])
+    with pytest.raises(ValueError, match="n_init"):
+        gk.kmeans(X, 4, n_init=0)

@@ -1,5 +1,6 @@
 """The kpca Gram built from upper-triangle row blocks straight into its bucket slot
-(geomkern.ops.kpca.centred_gram_into) and the thread-count-independent fit fingerprint (issue 20).
+(geomkern.ops.kpca.centred_gram_into over geomkern.ops.rbf.sym_gram_into, which rbf_gram's
+symmetric case shares) and the thread-count-independent fit fingerprint (issue 20).
 
 Small GRAM_TILE_ROWS (monkeypatched) so odd and ragged sizes cover every block layout in a fast
 test: one block, several, a last block of exactly the short-GEMM limit (_MKL_ROWS rows) and one
@@ -13,6 +14,7 @@ from sklearn.metrics.pairwise import rbf_kernel
 
 import geomkern as gk
 import geomkern.ops.kpca as kpca_mod
+import geomkern.ops.rbf as rbf_mod
 from conftest import FLOATS, TOL, assert_close_rel, offsets_from_sizes
 
 TILE = 16
@@ -21,7 +23,7 @@ SIZES = (1, 5, 11, 12, 16, 17, 27, 28, 45, 100)  # TILE + 11 = 27 merges, TILE +
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    monkeypatch.setattr(kpca_mod, "GRAM_TILE_ROWS", TILE)
+    monkeypatch.setattr(rbf_mod, "GRAM_TILE_ROWS", TILE)
 
 
 def _threads(n):
@@ -131,3 +133,30 @@ def test_a_fit_made_at_2_threads_projects_at_1(gen):
     finally:
         torch.set_num_threads(before)
     assert betas.shape == (1000, 2, 3)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", SIZES)
+def test_rbf_gram_from_the_same_blocks_matches_float64_at_1_and_2_threads(small_tiles, n, dtype, gen):
+    """gk.rbf_gram (reference) builds its symmetric Gram with the same blocks as kpca, on the
+    common shift, and its cross Gram in row blocks: every block layout matches float64 on an
+    offset cloud, the symmetric one bitwise symmetric with a unit diagonal, both (float32) with
+    the same bits at 1 and 2 threads."""
+    D, g = 7, 0.3
+    X = (0.5 * torch.randn(n, D, generator=gen, dtype=torch.float64) + 40.0).to(dtype)
+    Y = (0.5 * torch.randn(n + 3, D, generator=gen, dtype=torch.float64) + 40.0).to(dtype)
+    outs = []
+    for threads in (1, 2):
+        before = _threads(threads)
+        try:
+            with gk.set_backend("reference"):
+                outs.append((gk.rbf_gram(X, gamma=g), gk.rbf_gram(X, Y, gamma=g)))
+        finally:
+            torch.set_num_threads(before)
+    (K, KY), (K2, KY2) = outs
+    if dtype == torch.float32:  # float64: MKL's dgemm itself varies (see rbf._MKL_ROWS)
+        assert torch.equal(K, K2) and torch.equal(KY, KY2), "bits depend on the thread count"
+    assert torch.equal(K, K.T) and torch.equal(K.diagonal(), torch.ones(n, dtype=dtype))
+    # offset 40, spread 0.5: without the shift float32 loses ~|x|^2 eps = 1e-2 here
+    assert_close_rel(K, rbf_kernel(X.double().numpy(), gamma=g), TOL[dtype], "K(X, X)")
+    assert_close_rel(KY, rbf_kernel(X.double().numpy(), Y.double().numpy(), gamma=g), TOL[dtype], "K(X, Y)")

@@ -117,9 +117,12 @@ void kmeanspp_set(const T* x, int64_t n, int64_t D, int64_t k, uint64_t seed, T*
   }
 }
 
-// One set: points x (n, D), centres c (k, D) in/out, labels (n,) out. Returns assignments made.
+// One set: points x (n, D), centres c (k, D) in/out, labels (n,) out, *inertia out (the sum of
+// exact squared distances, in double, of the points to the centres they are labelled with).
+// Returns assignments made.
 template <typename T>
-int64_t lloyd_set(const T* x, int64_t n, int64_t D, int64_t k, int64_t iters, T* c, int64_t* labels) {
+int64_t lloyd_set(const T* x, int64_t n, int64_t D, int64_t k, int64_t iters, T* c, int64_t* labels,
+                  double* inertia) {
   std::vector<T> xn(n), cn(k);
   std::vector<int64_t> fresh(n);
   std::vector<double> sums(static_cast<size_t>(k * D));
@@ -155,6 +158,9 @@ int64_t lloyd_set(const T* x, int64_t n, int64_t D, int64_t k, int64_t iters, T*
       if (cnt[j] > 0)
         for (int64_t d = 0; d < D; ++d) c[j * D + d] = T(sums[j * D + d] / double(cnt[j]));
   }
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) total += sqdist(x + i * D, c + labels[i] * D, D);
+  *inertia = total;
   return passes;
 }
 
@@ -171,12 +177,14 @@ void init_sets(const T* x, const int64_t* o, int64_t m, int64_t D, int64_t k, ui
 // Every set, largest first (order), threads taking one set at a time.
 template <typename T>
 void all_sets(const T* x, const int64_t* o, const std::vector<int64_t>& order, int64_t D,
-              int64_t k, int64_t iters, int nt, T* c, int64_t* labels, int64_t* passes) {
+              int64_t k, int64_t iters, int nt, T* c, int64_t* labels, int64_t* passes,
+              double* inertia) {
   const int64_t m = static_cast<int64_t>(order.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
   for (int64_t t = 0; t < m; ++t) {
     const int64_t j = order[t];
-    passes[j] = lloyd_set<T>(x + o[j] * D, o[j + 1] - o[j], D, k, iters, c + j * k * D, labels + o[j]);
+    passes[j] = lloyd_set<T>(x + o[j] * D, o[j + 1] - o[j], D, k, iters, c + j * k * D, labels + o[j],
+                             inertia + j);
   }
 }
 
@@ -236,6 +244,7 @@ std::vector<at::Tensor> kmeans_lloyd_cpu(const at::Tensor& X_, const at::Tensor&
                       " points, fewer than k = ", k);
   auto labels = at::empty({X.size(0)}, off.options());
   auto passes = at::empty({m}, off.options());
+  auto inertia = at::empty({m}, off.options().dtype(at::kDouble));
   std::vector<int64_t> order(m);  // largest sets first: dynamic scheduling balances the tail
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -244,9 +253,9 @@ std::vector<at::Tensor> kmeans_lloyd_cpu(const at::Tensor& X_, const at::Tensor&
   AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "kmeans_lloyd_cpu", [&] {
     all_sets<scalar_t>(X.data_ptr<scalar_t>(), o, order, D, k, iters, nt,
                        centers.data_ptr<scalar_t>(), labels.data_ptr<int64_t>(),
-                       passes.data_ptr<int64_t>());
+                       passes.data_ptr<int64_t>(), inertia.data_ptr<double>());
   });
-  return {labels, centers, passes};
+  return {labels, centers, passes, inertia};
 }
 
 }  // namespace geomkern

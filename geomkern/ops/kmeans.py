@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .. import _dispatch, _validate
+from .. import _dispatch, _library, _validate
 from ._segments import buckets
 
 
@@ -63,12 +63,14 @@ def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
     step (:func:`assign_reference` or a backend's fused kernel), the only part backends replace.
 
     Segments are batched in size buckets (at most 2x padding per side), so the padded work
-    arrays grow with the data, not with the number of segments times the largest one."""
+    arrays grow with the data, not with the number of segments times the largest one.
+    Returns labels (N,), centres (m, k, D) and each segment's inertia (m,) float64."""
     off = offsets.tolist()
     m, D = len(off) - 1, X.shape[1]
     gen = torch.Generator(device=X.device).manual_seed(seed)
     labels_out = torch.empty(X.shape[0], dtype=torch.int64, device=X.device)
     centers_out = X.new_empty(m, k, D)
+    inertia_out = torch.empty(m, dtype=torch.float64, device=X.device)
     for bucket in buckets([off[j + 1] - off[j] for j in range(m)], 2.0):
         Xp, mask, sizes = _pad(X, off, bucket)
         centers = _kmeanspp(Xp, mask, k, gen)
@@ -84,10 +86,14 @@ def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
             cnt = torch.zeros(centers.shape[:2], dtype=X.dtype, device=X.device).scatter_add_(1, labels, weights)
             # An emptied cluster keeps its old centre rather than becoming NaN.
             centers = torch.where(cnt.unsqueeze(-1) > 0, sums / cnt.clamp_min(1).unsqueeze(-1), centers)
+        # exact differences in float64, not the GEMM expansion (~eps |x|^2 of roundoff per point)
+        own = centers.double().gather(1, labels.unsqueeze(-1).expand(Xp.shape))
+        inertia = ((Xp.double() - own).square_().sum(-1) * mask).sum(1)
         for t, j in enumerate(bucket):
             labels_out[off[j]:off[j + 1]] = labels[t, :sizes[t]]
             centers_out[j] = centers[t]
-    return labels_out, centers_out
+            inertia_out[j] = inertia[t]
+    return labels_out, centers_out, inertia_out
 
 
 def kmeans_reference(X, offsets, k: int, iters: int, seed: int, *, precision: str | None = None):
@@ -97,19 +103,42 @@ def kmeans_reference(X, offsets, k: int, iters: int, seed: int, *, precision: st
 _dispatch.register("kmeans", "reference")(kmeans_reference)
 
 
-def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iters: int = 50,
-           seed: int = 0, precision: str = _validate.DEFAULT_PRECISION):
-    """K-Means (Lloyd, greedy k-means++ init) on X, or on every segment of X at once.
+class KMeansResult(tuple):
+    """What :func:`kmeans` returns: it unpacks as the pair ``labels, centers`` and carries
+    ``.inertia`` as an attribute only, as ``os.stat_result`` carries its extra fields (so code
+    written for the pair keeps working). Attributes: ``labels``, ``centers``, ``inertia``."""
 
-    X: (N, D); offsets: optional int64 (m+1,) CSR boundaries; every segment needs >= k points.
-    Returns labels (N,) int64 (cluster id within the row's segment) and centers (k, D), or
-    (m, k, D) when offsets is given. Deterministic for a given seed and device.
-    """
+    def __new__(cls, labels: torch.Tensor, centers: torch.Tensor, inertia: torch.Tensor):
+        self = super().__new__(cls, (labels, centers))
+        self.inertia = inertia
+        return self
+
+    def __getnewargs__(self):
+        return self[0], self[1], self.inertia
+
+    labels = property(lambda self: self[0], doc="(N,) int64: each row's cluster within its segment")
+    centers = property(lambda self: self[1], doc="(k, D), or (m, k, D) with offsets")
+
+    def __repr__(self) -> str:
+        return f"KMeansResult(labels={self[0]!r}, centers={self[1]!r}, inertia={self.inertia!r})"
+
+
+def init_seed(seed: int, i: int) -> int:
+    """The seed of the i-th of n_init starts: ``seed`` itself first (n_init=1 is the single run
+    of that seed), then odd-constant steps (splitmix64's increment) through [0, 2^63)."""
+    return (seed + i * 0x9E3779B97F4A7C15) % (1 << 63)
+
+
+def _kmeans_fake(X, k, offsets, iters, seed, n_init, precision):
+    m = 1 if offsets is None else offsets.shape[0] - 1
+    return (X.new_empty(X.shape[0], dtype=torch.int64), X.new_empty(m, k, X.shape[1]),
+            X.new_empty(m, dtype=torch.float64))
+
+
+@_library.op("kmeans", "(Tensor X, int k, Tensor? offsets, int iters, int seed, int n_init, str precision)"
+             " -> (Tensor, Tensor, Tensor)", _kmeans_fake)
+def _kmeans_op(X, k, offsets, iters, seed, n_init, precision):
     X = _validate.tensor("X", X, ndim=2)
-    k = _validate.positive_int("k", k)
-    iters = _validate.positive_int("iters", iters, minimum=0)
-    seed = _validate.positive_int("seed", seed, minimum=0)
-    p = _validate.precision(precision)
     batched = offsets is not None
     if batched:
         offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
@@ -121,6 +150,41 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
         where = f"segment {j} has" if batched else "X has"
         raise ValueError(f"k={k} is larger than the number of points ({where} {int(sizes[j])}); "
                          "lower k")
-    labels, centers = _dispatch.implementation("kmeans", X.device.type)(X, offsets, k, iters, seed,
-                                                                           precision=p)
-    return labels, (centers if batched else centers[0])
+    impl = _dispatch.implementation("kmeans", X.device.type)
+    labels, centers, inertia = impl(X, offsets, k, iters, init_seed(seed, 0), precision=precision)
+    for i in range(1, n_init):
+        lab_i, cen_i, in_i = impl(X, offsets, k, iters, init_seed(seed, i), precision=precision)
+        better = in_i < inertia  # per segment: ties keep the earlier start
+        rows = torch.repeat_interleave(better, offsets[1:] - offsets[:-1])
+        labels = torch.where(rows, lab_i, labels)
+        centers = torch.where(better[:, None, None], cen_i, centers)
+        inertia = torch.where(better, in_i, inertia)
+    return labels, centers, inertia
+
+
+def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iters: int = 50,
+           seed: int = 0, n_init: int = 2, precision: str = _validate.DEFAULT_PRECISION) -> KMeansResult:
+    """K-Means (Lloyd, greedy k-means++ init) on X, or on every segment of X at once.
+
+    X: (N, D); offsets: optional int64 (m+1,) CSR boundaries; every segment needs >= k points.
+    n_init: starts per segment (seeds :func:`init_seed`); each segment keeps its lowest-inertia
+    run. The default 2 is measured: on 200 sets of overlapping blobs (50-300 points, D 512, k 8)
+    one start's total inertia moved by -3% to +5% against scikit-learn's with the seed, two starts
+    landed 3-7% below it, and the native CPU path stays ~4x faster than scikit-learn at one
+    thread (benchmarks/test_cpu_peers.py).
+    Returns a :class:`KMeansResult`: it unpacks as ``labels, centers`` -- labels (N,) int64 (cluster
+    id within the row's segment), centers (k, D), or (m, k, D) when offsets is given -- and has
+    ``.inertia``: float64, a 0-dim tensor, or (m,) per segment with offsets. Deterministic for a
+    given seed and device, at any thread count. A torch custom operator
+    (``torch.ops.geomkern.kmeans``): traces under torch.compile.
+    """
+    X = _library.tensor_arg("X", X)
+    if offsets is not None and not isinstance(offsets, torch.Tensor):
+        _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)  # says how
+    labels, centers, inertia = _kmeans_op(
+        X, _validate.positive_int("k", k), offsets, _validate.positive_int("iters", iters, minimum=0),
+        _validate.positive_int("seed", seed, minimum=0), _validate.positive_int("n_init", n_init),
+        _validate.precision(precision))
+    if offsets is not None:
+        return KMeansResult(labels, centers, inertia)
+    return KMeansResult(labels, centers[0], inertia[0])

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import _dispatch, _validate
+from .. import _dispatch, _library, _validate
 from ._segments import buckets
 from .eigh import sign_fix, thread_independent
-from .rbf import _MKL_ROWS, _sqdist, double_center, gram_reference, thread_independent_mm
+from .rbf import _sqdist, double_center, gram_reference, sym_gram_into, thread_independent_mm
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
 # auto: dense for size buckets below DENSE_BELOW_BLOCKS blocks of the Krylov solver, subspace
@@ -31,12 +31,6 @@ CPU_BUCKET_RATIO = 1.1
 # Stored zero-padded centred Grams of one size bucket above this go matrix-free (the Gram is
 # recomputed by rbf_matmul at every Krylov step instead: ~8x the Gram's flops, O(n k) memory).
 GRAM_BUDGET_BYTES = 2 << 30
-# Rows per block of the upper-triangle Gram (centred_gram_into). Gram + centring + the copy into
-# the bucket of one 1,750-point cluster (D 512, 1 thread, busy machine, minimum of 7 interleaved):
-# the full GEMM then symmetrise, centre and copy 265 ms; upper-triangle blocks straight into the
-# slot 138 ms (128 rows), 144 (256), 147 (384), 171 (512). 256: near the best with half the ops of
-# 128 (at 2 threads on a loaded machine every op pays an OpenMP barrier).
-GRAM_TILE_ROWS = 256
 
 
 @dataclass
@@ -276,34 +270,14 @@ def centred_gram_into(out: torch.Tensor, Xj: torch.Tensor, gamma: float) -> torc
     """Write H K H of one cluster Xj (n, D) into ``out`` (an (n, n) view, e.g. its slot of the
     padded bucket: no fresh n x n and no copy) and return K's column means (n,).
 
-    K is built from the upper triangle only: block rows of GRAM_TILE_ROWS rows against the columns
-    from their diagonal on (one GEMM each, its clamp, scale and exp while the block is in cache),
-    each block mirrored into the lower triangle. That is about half the full Gram's GEMM flops,
-    and K comes out exactly symmetric with a unit diagonal (as ``gk.rbf_gram``'s symmetric case),
-    so its row means are its column means and one reduction serves the centring.
+    K comes from :func:`geomkern.ops.rbf.sym_gram_into` (upper-triangle row blocks, about half
+    the full Gram's GEMM flops, exactly symmetric with a unit diagonal), so its row means are its
+    column means and one reduction serves the centring.
     """
-    n = Xj.shape[0]
     # The RBF kernel is translation invariant; centring first removes the roundoff of the
     # |x|^2 + |y|^2 - 2<x, y> expansion far from the origin (identical points then give
     # K = 1 exactly, so Kc = 0 instead of ~eps noise that became unit-norm "components").
-    Xc = Xj - Xj.mean(0)
-    sq = (Xc * Xc).sum(1)
-    starts = list(range(0, n, GRAM_TILE_ROWS))
-    if len(starts) > 1 and n - starts[-1] < _MKL_ROWS:
-        starts.pop()  # no short last block: MKL's GEMM of 5-11 rows depends on the thread count
-    for a, b in zip(starts, starts[1:] + [n]):
-        blk = out[a:b, a:]
-        torch.add(sq[a:b, None], sq[a:], out=blk)
-        if b - a < _MKL_ROWS:  # a whole cluster of fewer rows
-            blk.sub_(thread_independent_mm(Xc[a:b], Xc[a:].T), alpha=2.0)
-        else:
-            blk.addmm_(Xc[a:b], Xc[a:].T, alpha=-2.0)
-        blk.clamp_min_(0.0).mul_(-gamma).exp_()
-        diag = out[a:b, a:b]
-        diag.diagonal().fill_(1.0)  # exp(0) exactly, whatever the GEMM's roundoff
-        low = diag.T.tril(-1)
-        diag.triu_().add_(low)  # the diagonal block's lower triangle from its upper one
-        out[b:, a:b] = out[a:b, b:].T
+    sym_gram_into(out, Xj - Xj.mean(0), gamma)
     r = out.mean(1)  # per row: a reduction of n elements, whatever the thread count
     out.sub_(r).sub_((r - r.mean()).unsqueeze(1))  # K - col means - row means + overall mean
     return r
@@ -317,6 +291,10 @@ def _matrix_free_cluster(Xj: torch.Tensor, d: int, gamma: float, precision: str)
     Kc = H K H to a block through ``rbf_matmul`` (the Triton flash-style kernel on CUDA).
     Returns (eigenvalues (d,), alphas (n, d), mean_projection (d,))."""
     n = Xj.shape[0]
+    if bool((Xj == Xj[0]).all()):
+        # every point is the mean: H K H = 0 exactly, no component (detected here, not left to
+        # the products, whose tile-order sums need not give bit-equal rows of K V)
+        return (Xj.new_zeros(d), Xj.new_zeros(n, d), Xj.new_zeros(d))
     Xc = Xj - Xj.mean(0)  # translation invariance; as the stored path does (roundoff)
     if 3 * krylov_block(n, d) > n:  # small: the Gram is tiny, the dense solve exact
         K = gram_reference(Xc, None, gamma, False)
@@ -422,20 +400,23 @@ def _check_fit(fit, X: torch.Tensor, gamma: float) -> None:
                          "row order); pass the fitted X")
 
 
-def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: float,
-                   segment=None) -> torch.Tensor:
-    """Centred kernel-PC scores of Z in cluster ``segment``'s components (== sklearn transform).
+def _transform_fake(Z, X, eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma,
+                    fingerprint, gamma, segment_int, segment):
+    return Z.new_empty(Z.shape[0], eigenvalues.shape[1])
 
-    Z: (b, D); X: (N, D) the fitted data; segment: an int (all rows) or an int64 (b,) tensor of
-    cluster ids per row; None (the default) is cluster 0 when the fit has exactly one cluster
-    (e.g. ``gk.kpca(X, n_components=..., gamma=...)``) and an error when it has several (which
-    cluster's components score Z is the caller's choice). Returns (b, d).
-    """
+
+@_library.op("kpca_transform", "(Tensor Z, Tensor X, Tensor eigenvalues, Tensor variances, Tensor alphas, "
+             "Tensor mean_projection, Tensor offsets, float? fit_gamma, Tensor? fingerprint, float gamma, "
+             "int? segment_int, Tensor? segment) -> Tensor", _transform_fake)
+def _kpca_transform_op(Z, X, eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma,
+                       fingerprint, gamma, segment_int, segment):
+    fit = KPCAFit(eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma, fingerprint)
+    segment = segment if segment is not None else segment_int
     Z = _validate.tensor("Z", Z, ndim=2, allow_empty=True)
     X = _validate.tensor("X", X, ndim=2)
     _validate.same_device_dtype(Z=Z, X=X)
     _validate.same_dim("Z", Z, "X", X)
-    g = _validate.gamma(gamma)
+    g = gamma
     _check_fit(fit, X, g)
     m = fit.n_clusters
     if segment is None:
@@ -447,10 +428,8 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
         if segment.dtype != torch.int64 or segment.shape != (Z.shape[0],):
             raise ValueError(f"segment must be an int or an int64 tensor of shape ({Z.shape[0]},)")
         seg = segment.to(Z.device)
-    elif isinstance(segment, int) and not isinstance(segment, bool):
+    else:  # an int (the wrapper refused anything else)
         seg = torch.full((Z.shape[0],), segment, dtype=torch.int64, device=Z.device)
-    else:
-        raise TypeError(f"segment must be an int or an int64 tensor, got {type(segment).__name__}")
     if seg.numel() and (int(seg.min()) < 0 or int(seg.max()) >= m):
         raise ValueError(f"segment ids must lie in [0, {m}), got [{int(seg.min())}, {int(seg.max())}]")
     off = fit.offsets.tolist()
@@ -462,6 +441,29 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
         Kz = _sqdist(Z[rows] - mu, Xj - mu).mul_(-g).exp_()
         out[rows] = Kz @ fit.alphas[off[j]:off[j + 1]] - fit.mean_projection[j]
     return out
+
+
+def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: float,
+                   segment=None) -> torch.Tensor:
+    """Centred kernel-PC scores of Z in cluster ``segment``'s components (== sklearn transform).
+
+    Z: (b, D); X: (N, D) the fitted data; segment: an int (all rows) or an int64 (b,) tensor of
+    cluster ids per row; None (the default) is cluster 0 when the fit has exactly one cluster
+    (e.g. ``gk.kpca(X, n_components=..., gamma=...)``) and an error when it has several (which
+    cluster's components score Z is the caller's choice). Returns (b, d).
+    A torch custom operator (``torch.ops.geomkern.kpca_transform``): traces under torch.compile.
+    """
+    Z, X = _library.tensor_arg("Z", Z), _library.tensor_arg("X", X)
+    if not isinstance(fit, KPCAFit):
+        raise TypeError(f"fit must be the KPCAFit returned by gk.kpca, got {type(fit).__name__}")
+    seg_int = None
+    if segment is not None and not isinstance(segment, torch.Tensor):
+        if not isinstance(segment, int) or isinstance(segment, bool):
+            raise TypeError(f"segment must be an int or an int64 tensor, got {type(segment).__name__}")
+        seg_int, segment = segment, None
+    return _kpca_transform_op(Z, X, fit.eigenvalues, fit.variances, fit.alphas, fit.mean_projection,
+                              fit.offsets, None if fit.gamma is None else float(fit.gamma),
+                              fit.fingerprint, _validate.gamma(gamma), seg_int, segment)
 
 
 def projection_reference(X, alphas, offsets, B, gamma: float, *, precision: str | None = None) -> torch.Tensor:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _dispatch, _validate
-from .rbf import _sqdist
+from .. import _dispatch, _library, _validate
+from .rbf import gram_reference
 
 METHODS = ("gd", "fixed_point", "coordinates")
 # Points per chunk in the reference so (chunk, S) and (chunk, d, D) work arrays stay bounded.
@@ -24,7 +24,9 @@ _CHUNK = 4096
 
 
 def _kernel(Z: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:
-    return _sqdist(Z, B).mul_(-gamma).exp_()
+    """K(Z, B): the reference cross Gram (shifted by B's mean), so at Z = x it has the bits of
+    ``gk.rbf_gram(x, B)`` on the CPU, from which fedmc's coordinate targets are made."""
+    return gram_reference(Z, B, gamma, False)
 
 
 def default_gd_lr(Z0: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -185,6 +187,35 @@ def preimage_loss(Z, B, targets, *, gamma, proj=None) -> torch.Tensor:
     return _loss(Z, B, targets, _validate.gamma(gamma), proj)
 
 
+def _preimage_fake(Z0, B, targets, gamma, method, steps, lr_value, lr, proj, ridge, factor,
+                   return_loss, precision):
+    return Z0.new_empty(Z0.shape), Z0.new_empty(Z0.shape[0] if return_loss else 0)
+
+
+@_library.op("preimage", "(Tensor Z0, Tensor B, Tensor targets, float gamma, str method, int steps, "
+             "float? lr_value, Tensor? lr, Tensor? proj, float ridge, Tensor? factor, bool return_loss, "
+             "str precision) -> (Tensor, Tensor)", _preimage_fake)
+def _preimage_op(Z0, B, targets, gamma, method, steps, lr_value, lr, proj, ridge, factor, return_loss,
+                 precision):
+    lr = lr if lr is not None else lr_value
+    Z0, B, targets, proj = _check_problem(Z0, B, targets, proj, coordinates=method == "coordinates")
+    g, S, dev = gamma, B.shape[0], Z0.device.type
+    if method == "coordinates":
+        Z = _dispatch.implementation("preimage_coordinates", dev)(Z0, B, targets, proj, g, steps)
+    elif method == "gd":
+        lr_t = _gd_lr(lr, Z0, B, g)
+        Z = _dispatch.implementation("preimage_gd", dev)(Z0, B, targets, g, steps, lr_t, precision=precision)
+    else:
+        if factor is not None and (factor.dtype != torch.float64 or factor.shape != (S, S)
+                                   or factor.device != B.device):
+            raise ValueError(f"factor must be the float64 ({S}, {S}) Cholesky factor on {B.device} from "
+                             "fixed_point_factor(B, gamma, ridge)")
+        A = fixed_point_coefficients(B, targets, g, ridge, factor)
+        Z = _dispatch.implementation("preimage_fixed_point", dev)(Z0, B, A, g, steps, precision=precision)
+    loss = _loss(Z, B, targets, g, proj) if return_loss else Z.new_empty(0)
+    return Z, loss
+
+
 def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma: float,
              method: str = "gd", steps: int = 100, lr=None, proj: torch.Tensor | None = None,
              ridge: float = 1e-6, factor: torch.Tensor | None = None, return_loss: bool = False,
@@ -201,6 +232,7 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
     precision: how float32 dots run on tensor-core backends (geomkern._validate.PRECISIONS;
     ``coordinates`` has no tensor-core path).
     Returns Z (b, D), and the per-point final loss (b,) when ``return_loss``.
+    A torch custom operator (``torch.ops.geomkern.preimage``): traces under torch.compile.
     """
     method = _validate.choice("method", method, METHODS)
     p = _validate.precision(precision)
@@ -208,30 +240,21 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
         raise ValueError(f"factor is only used by method='fixed_point', not {method!r}")
     if method != "coordinates" and proj is not None:
         raise ValueError(f"proj is only used by method='coordinates', not {method!r}")
-    Z0, B, targets, proj = _check_problem(Z0, B, targets, proj, coordinates=method == "coordinates")
-    steps = _validate.positive_int("steps", steps, minimum=0)
-    g = _validate.gamma(gamma)
-    S = B.shape[0]
-    dev = Z0.device.type
-    if method == "coordinates":
-        Z = _dispatch.implementation("preimage_coordinates", dev)(Z0, B, targets, proj, g, steps)
-    else:
-        if method == "gd":
-            lr_t = _gd_lr(lr, Z0, B, g)
-            Z = _dispatch.implementation("preimage_gd", dev)(Z0, B, targets, g, steps, lr_t, precision=p)
-        else:
-            if lr is not None:
-                raise ValueError("lr is only used by method='gd'")
-            ridge = _validate.finite_positive("ridge", ridge)
-            if factor is not None and (not isinstance(factor, torch.Tensor) or factor.dtype != torch.float64
-                                       or factor.shape != (S, S) or factor.device != B.device):
-                raise ValueError(f"factor must be the float64 ({S}, {S}) Cholesky factor on {B.device} from "
-                                 "fixed_point_factor(B, gamma, ridge)")
-            A = fixed_point_coefficients(B, targets, g, ridge, factor)
-            Z = _dispatch.implementation("preimage_fixed_point", dev)(Z0, B, A, g, steps, precision=p)
-    if return_loss:
-        return Z, _loss(Z, B, targets, g, proj)
-    return Z
+    if lr is not None and method != "gd":
+        raise ValueError("lr is only used by method='gd'")
+    if factor is not None and not isinstance(factor, torch.Tensor):
+        raise ValueError("factor must be the float64 Cholesky factor (a tensor) from "
+                         "fixed_point_factor(B, gamma, ridge)")
+    Z0, B, targets = (_library.tensor_arg(n, t) for n, t in (("Z0", Z0), ("B", B), ("targets", targets)))
+    proj = None if proj is None else _library.tensor_arg("proj", proj)
+    lr_value = None
+    if lr is not None and not isinstance(lr, torch.Tensor):
+        lr_value, lr = _validate.finite_positive("lr", lr), None
+    Z, loss = _preimage_op(Z0, B, targets, _validate.gamma(gamma), method,
+                           _validate.positive_int("steps", steps, minimum=0), lr_value, lr, proj,
+                           _validate.finite_positive("ridge", ridge) if method == "fixed_point" else 0.0,
+                           factor, bool(return_loss), p)
+    return (Z, loss) if return_loss else Z
 
 
 def _gd_lr(lr, Z0, B, gamma) -> torch.Tensor:

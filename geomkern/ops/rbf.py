@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .. import _dispatch, _validate
+from .. import _dispatch, _library, _validate
 
 # Rows of X per chunk in the matrix-free reference: bounds the live K block to ~64 MiB in fp32.
 _CHUNK_ELEMS = 1 << 24
@@ -19,6 +19,9 @@ _CHUNK_ELEMS = 1 << 24
 # 1-4, 8 and 12+ rows agree), so a K-Means cluster or a KPCA basis of that size made FedMC's
 # results depend on the thread count. Padding such an operand to _MKL_ROWS rows with zeros gives
 # the same bits at any thread count (tests/test_rbf.py::test_small_row_gemm_is_thread_independent).
+# float64 GEMMs vary with the thread count for many more small row counts (measured: 37 of the
+# counts 1-60 against 30 columns of depth 7, none against 103 or more columns), so the bitwise
+# thread independence that fedsim's runs rely on is a float32 promise.
 _MKL_ROWS = 12
 
 
@@ -45,19 +48,88 @@ def _sqdist(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     return d2.addmm_(X, Y.T, alpha=-2.0).clamp_min_(0.0)  # = addmm(xx + yy, ...), one buffer less
 
 
+def shift_rows(*tensors: torch.Tensor, by: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Each float32/float64 (rows, D) tensor minus one common shift: the mean of the rows of
+    ``by`` (default: of all the tensors), accumulated in the tensors' dtype.
+
+    Distances are translation invariant, so a kernel's result is unchanged in exact arithmetic; in
+    floating point |x|^2 + |y|^2 - 2<x, y> cancels by about |x|^2 / |x - y|^2, which the shift
+    takes from (offset + spread)^2 / spread^2 to ~1 (DESIGN.md math note 10). Copies (n + m) x D,
+    little beside the O(n m D) products. Every backend's distance computation uses it. Cross
+    products K(X, Y) shift by Y's mean (``by=Y``): then row i of the result depends on x_i and Y
+    only, not on which other rows share the call (a pre-image solver's K(z, B) has the bits of
+    ``rbf_gram(x, B)`` at z = x, chunked or not)."""
+    src = tensors if by is None else (by,)
+    rows = sum(t.shape[0] for t in src)
+    if rows == 0:
+        return [t.contiguous() for t in tensors]
+    shift = sum(t.sum(0) for t in src) / rows
+    return [(t - shift).contiguous() for t in tensors]
+
+
+# Rows per block of the reference Gram. Each block's GEMM output gets its clamp and exp while it
+# is still in cache, and the symmetric Gram computes only the blocks from the diagonal on and
+# mirrors them: half the GEMM and half the exps of the full matrix. 4,096 x 512 float32 at 2
+# threads measured 84 ms against torch cdist + exp's 142 ms (benchmarks/test_cpu_peers.py);
+# blocks of 128-512 rows measured the same within 5%. For kpca's Grams (Gram, centring and the
+# copy into the bucket of one 1,750-point cluster, D 512, 1 thread, busy machine, minimum of 7
+# interleaved): the full GEMM then symmetrise, centre and copy 265 ms; upper-triangle blocks
+# straight into the slot 138 ms (128 rows), 144 (256), 147 (384), 171 (512). 256: near the best
+# with half the ops of 128 (at 2 threads on a loaded machine every op pays an OpenMP barrier).
+GRAM_TILE_ROWS = 256
+
+
+def _rbf_rows(out: torch.Tensor, Xa: torch.Tensor, Y: torch.Tensor, xa: torch.Tensor,
+              yy: torch.Tensor, gamma: float) -> torch.Tensor:
+    """out (a rows x m view) <- exp(-gamma * max(|x_a|^2 + |y|^2 - 2 <x_a, y>, 0))."""
+    torch.add(xa.unsqueeze(1), yy, out=out)
+    if _pads(Xa):
+        out.sub_(thread_independent_mm(Xa, Y.T), alpha=2.0)
+    else:
+        out.addmm_(Xa, Y.T, alpha=-2.0)
+    return out.clamp_min_(0.0).mul_(-gamma).exp_()
+
+
+def _row_blocks(n: int):
+    """[a, b) blocks of GRAM_TILE_ROWS rows; a last block of under _MKL_ROWS rows joins the one
+    before (so no block takes MKL's thread-dependent small-row GEMM unless n itself is small)."""
+    cuts = list(range(0, n, GRAM_TILE_ROWS)) + [n]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] < _MKL_ROWS:
+        del cuts[-2]
+    return zip(cuts[:-1], cuts[1:])
+
+
+def sym_gram_into(out: torch.Tensor, Xs: torch.Tensor, gamma: float) -> torch.Tensor:
+    """K(Xs, Xs) written into ``out`` (an (n, n) view: no fresh n x n buffer when the caller has
+    a slot), from row blocks against the columns from their diagonal on, each mirrored into the
+    lower triangle: exactly symmetric with an exact unit diagonal. Xs: already shifted."""
+    n = Xs.shape[0]
+    sq = (Xs * Xs).sum(1)
+    for a, b in _row_blocks(n):
+        _rbf_rows(out[a:b, a:], Xs[a:b], Xs[a:], sq[a:b], sq[a:], gamma)
+        diag = out[a:b, a:b]
+        diag.diagonal().fill_(1.0)  # exp(0) exactly, whatever the GEMM's roundoff
+        low = diag.T.tril(-1)
+        diag.triu_().add_(low)  # the diagonal block's lower triangle from its upper one
+        out[b:, a:b] = out[a:b, b:].T
+    return out
+
+
 def gram_reference(X, Y, gamma: float, center: bool, *, precision: str | None = None) -> torch.Tensor:
     compute = X if X.dtype in _validate.FLOAT_DTYPES else X.float()
-    # in place where possible: every fresh n x n buffer costs page faults (n = 1,750 float32:
-    # 34 ms -> 25 ms for the same bits, benchmarks/NOTES.md)
     if Y is None:
-        K = _sqdist(compute, compute).mul_(-gamma).exp_()
-        K.diagonal().fill_(1.0)  # exp(0) exactly, whatever the GEMM's roundoff
-        K = (K + K.T).mul_(0.5)  # exactly symmetric
+        (Xs,) = shift_rows(compute)
+        K = sym_gram_into(torch.empty(Xs.shape[0], Xs.shape[0], dtype=Xs.dtype, device=Xs.device),
+                          Xs, gamma)
         if center:
-            K = double_center(K)
+            double_center_(K)
     else:
         Yc = Y if Y.dtype in _validate.FLOAT_DTYPES else Y.float()
-        K = _sqdist(compute, Yc).mul_(-gamma).exp_()
+        Xs, Ys = shift_rows(compute, Yc, by=Yc)  # (batch invariance: see shift_rows)
+        xx, yy = (Xs * Xs).sum(1), (Ys * Ys).sum(1)
+        K = torch.empty(Xs.shape[0], Ys.shape[0], dtype=Xs.dtype, device=Xs.device)
+        for a, b in _row_blocks(Xs.shape[0]):
+            _rbf_rows(K[a:b], Xs[a:b], Ys, xx[a:b], yy, gamma)
     return K.to(X.dtype)
 
 
@@ -77,16 +149,38 @@ def double_center_(K: torch.Tensor) -> torch.Tensor:
 
 
 def rbf_matmul_reference(X, Y, V, gamma: float, *, precision: str | None = None) -> torch.Tensor:
+    Xs, Ys = shift_rows(X, Y, by=Y)
+    xx, yy = (Xs * Xs).sum(1), (Ys * Ys).sum(1)
     out = torch.empty(X.shape[0], V.shape[1], dtype=X.dtype, device=X.device)
-    step = max(1, _CHUNK_ELEMS // max(1, Y.shape[0]))
+    step = max(_MKL_ROWS, _CHUNK_ELEMS // max(1, Y.shape[0]))
+    K = torch.empty(min(step, X.shape[0]), Y.shape[0], dtype=X.dtype, device=X.device)
     for i in range(0, X.shape[0], step):
-        K = _sqdist(X[i:i + step], Y).mul_(-gamma).exp_()
-        torch.mm(K, V, out=out[i:i + step])
+        rows = _rbf_rows(K[:min(step, X.shape[0] - i)], Xs[i:i + step], Ys, xx[i:i + step], yy, gamma)
+        out[i:i + step] = thread_independent_mm(rows, V)
     return out
 
 
 _dispatch.register("rbf_gram", "reference")(gram_reference)
 _dispatch.register("rbf_matmul", "reference")(rbf_matmul_reference)
+
+
+def _gram_fake(X, Y, gamma, center, precision):
+    return X.new_empty(X.shape[0], (X if Y is None else Y).shape[0])
+
+
+@_library.op("rbf_gram", "(Tensor X, Tensor? Y, float gamma, bool center, str precision) -> Tensor", _gram_fake)
+def _rbf_gram_op(X, Y, gamma, center, precision):
+    X = _validate.tensor("X", X, ndim=2, allow_half=True)
+    if Y is not None:
+        Y = _validate.tensor("Y", Y, ndim=2, allow_half=True)
+        _validate.same_device_dtype(X=X, Y=Y)
+        _validate.same_dim("X", X, "Y", Y)
+        if center:
+            raise ValueError("center=True double-centres a square Gram and needs Y=None; "
+                             "centre a cross-Gram with the training Gram's means instead")
+    _validate.allocation("the Gram matrix", (X.shape[0], X.shape[0] if Y is None else Y.shape[0]),
+                         X.dtype, X.device)
+    return _dispatch.implementation("rbf_gram", X.device.type)(X, Y, gamma, center, precision=precision)
 
 
 def rbf_gram(X: torch.Tensor, Y: torch.Tensor | None = None, *, gamma: float,
@@ -97,28 +191,19 @@ def rbf_gram(X: torch.Tensor, Y: torch.Tensor | None = None, *, gamma: float,
     center=True returns H K H (double centring), only for Y=None.
     Returns (n, m) in X's dtype; float16/bfloat16 inputs are computed in float32.
     precision: how float32 dots run on tensor-core backends (geomkern._validate.PRECISIONS).
+    A torch custom operator (``torch.ops.geomkern.rbf_gram``): traces under torch.compile.
     """
-    X = _validate.tensor("X", X, ndim=2, allow_half=True)
-    if Y is not None:
-        Y = _validate.tensor("Y", Y, ndim=2, allow_half=True)
-        _validate.same_device_dtype(X=X, Y=Y)
-        _validate.same_dim("X", X, "Y", Y)
-        if center:
-            raise ValueError("center=True double-centres a square Gram and needs Y=None; "
-                             "centre a cross-Gram with the training Gram's means instead")
-    g = _validate.gamma(gamma)
-    _validate.allocation("the Gram matrix", (X.shape[0], X.shape[0] if Y is None else Y.shape[0]),
-                         X.dtype, X.device)
-    p = _validate.precision(precision)
-    return _dispatch.implementation("rbf_gram", X.device.type)(X, Y, g, bool(center), precision=p)
+    X = _library.tensor_arg("X", X)
+    Y = None if Y is None else _library.tensor_arg("Y", Y)
+    return _rbf_gram_op(X, Y, _validate.gamma(gamma), bool(center), _validate.precision(precision))
 
 
-def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: float,
-               precision: str = _validate.DEFAULT_PRECISION) -> torch.Tensor:
-    """K(X, Y) @ V without storing the (n, m) kernel matrix.
+def _matmul_fake(X, Y, V, gamma, precision):
+    return X.new_empty(X.shape[0], V.shape[1])
 
-    X: (n, D), Y: (m, D), V: (m, p) -> (n, p). precision: as for :func:`rbf_gram`.
-    """
+
+@_library.op("rbf_matmul", "(Tensor X, Tensor Y, Tensor V, float gamma, str precision) -> Tensor", _matmul_fake)
+def _rbf_matmul_op(X, Y, V, gamma, precision):
     X = _validate.tensor("X", X, ndim=2)
     Y = _validate.tensor("Y", Y, ndim=2)
     V = _validate.tensor("V", V, ndim=2)
@@ -126,9 +211,18 @@ def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: floa
     _validate.same_dim("X", X, "Y", Y)
     if V.shape[0] != Y.shape[0]:
         raise ValueError(f"V must have one row per row of Y ({Y.shape[0]}), got shape {tuple(V.shape)}")
-    g = _validate.gamma(gamma)
-    p = _validate.precision(precision)
-    return _dispatch.implementation("rbf_matmul", X.device.type)(X, Y, V, g, precision=p)
+    return _dispatch.implementation("rbf_matmul", X.device.type)(X, Y, V, gamma, precision=precision)
+
+
+def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: float,
+               precision: str = _validate.DEFAULT_PRECISION) -> torch.Tensor:
+    """K(X, Y) @ V without storing the (n, m) kernel matrix.
+
+    X: (n, D), Y: (m, D), V: (m, p) -> (n, p). precision: as for :func:`rbf_gram`.
+    A torch custom operator (``torch.ops.geomkern.rbf_matmul``): traces under torch.compile.
+    """
+    X, Y, V = (_library.tensor_arg(n, t) for n, t in (("X", X), ("Y", Y), ("V", V)))
+    return _rbf_matmul_op(X, Y, V, _validate.gamma(gamma), _validate.precision(precision))
 
 
 def median_gamma(X: torch.Tensor, *, max_points: int = 2048, seed: int = 0) -> float:

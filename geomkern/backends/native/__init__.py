@@ -4,44 +4,116 @@ setup.py) and ``geomkern._C_cuda`` (csrc/cuda, built only with a CUDA build of t
 :func:`kernels` is the one place that says which compiled kernel serves which op on which device
 (the native CPU/CUDA pair); an op a device has no kernel for runs on the reference there, as for
 any backend. ``auto`` prefers a native kernel only where a recorded benchmark measured it faster:
-the CPU pre-image loops (benchmarks/native_preimage_timing.py; since issue 20 in span(z0, B) where
+the CPU pre-image loops (studies/native-preimage/native_preimage_timing.py; since issue 20 in span(z0, B) where
 S <= D, benchmarks/test_cpu_floor.py) when built for AVX2+FMA or wider; the CPU rbf_matmul and
-kmeans kernels serve ``gk.set_backend("native")`` only (auto_devices says why);
-no CUDA kernel yet (no GPU benchmark has run; benchmarks/test_eigh_gpu.py is the one to run).
+kmeans kernels serve ``gk.set_backend("native")`` only (auto_devices says why). No CUDA kernel is
+preferred: the recorded H100 comparison (results/gpu/eigh_gpu-NVIDIA_H100_80GB_HBM3.json) has the
+Jacobi eigh behind cupy on 500 matrices of 100 x 100 and behind torch on 64 of 512 x 512.
+
+Availability is per device type and goes through the registry: ``gk.why_not("native", "cpu")``
+answers for geomkern._C, ``gk.why_not("native", "cuda")`` for geomkern._C_cuda ("not compiled with
+CUDA" and how to get it). The kernels of an extension that did not load are registered all the
+same (:class:`_Missing`), so the registry knows what a build would serve: ``gk.set_backend("native")``
+refuses such an op on that device type with the reason, instead of quietly running the reference,
+and ``auto`` falls back to the reference and says so once: a warning when the compiled file is
+there but does not load (another torch or Python, a missing library), an INFO log line when it was
+never built (a pure-torch install is a supported set-up, not an accident).
 """
 from __future__ import annotations
+
+import importlib
+import importlib.machinery
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ... import _dispatch
 from ...ops.eigh import sign_fix
+from ...ops.rbf import shift_rows
 
-_C = _C_cuda = None
-_ERROR = _CUDA_ERROR = ""
-try:
-    from ... import _C  # type: ignore[attr-defined,no-redef]
-except ImportError as exc:  # not built, or built against another torch
-    _ERROR = (
-        f"geomkern._C could not be imported ({exc}); it is built by setup.py: reinstall from the "
-        "source tree with `pip install --no-build-isolation .` (needs a C++ compiler and torch "
-        "installed first)"
-    )
-try:
-    from ... import _C_cuda  # type: ignore[attr-defined,no-redef]
-except ImportError as exc:  # not built (CPU-only torch, no CUDA toolkit) or built against another torch
-    _CUDA_ERROR = (
-        f"geomkern._C_cuda could not be imported ({exc}); setup.py builds it when torch is a CUDA "
-        "build and a CUDA toolkit (nvcc) is found: reinstall with `pip install --no-build-isolation .`"
-    )
+_PACKAGE = Path(__file__).resolve().parents[2]  # geomkern/, where setup.py puts the extensions
+_BUILD_CPU = ("it is built by setup.py: reinstall from the source tree with "
+              "`pip install --no-build-isolation .` (needs a C++ compiler and torch installed first)")
+_BUILD_CUDA = ("setup.py builds it when torch is a CUDA build and a CUDA toolkit is found (`CUDA_HOME`, or "
+               "`nvcc` on PATH): reinstall from the source tree with `pip install --no-build-isolation .` "
+               "(TORCH_CUDA_ARCH_LIST picks the GPU architectures; GEOMKERN_NO_CUDA=1 skips them)")
 
 
-def why_not() -> str:
-    return _ERROR
+@dataclass(frozen=True)
+class _Extension:
+    """One compiled extension as found at import: the module, or why not ("" when loaded), and
+    whether a compiled file was there but failed to load (``broken``) rather than never built."""
+
+    module: object | None
+    why_not: str
+    broken: bool
 
 
-def cuda_why_not() -> str:
-    """"" when the CUDA kernels (geomkern._C_cuda) are built and importable, else why not."""
-    return _CUDA_ERROR
+def _compiled_files(name: str) -> list[Path]:
+    """The compiled files of extension ``name`` in the package, for any Python or platform."""
+    return sorted(p for p in _PACKAGE.glob(f"{name}.*") if p.suffix in (".so", ".pyd"))
+
+
+def _load(name: str, kernels: str, build: str, not_built: str | None = None) -> _Extension:
+    """Import geomkern.<name>; on failure say why, and whether it is broken or just not built."""
+    try:
+        return _Extension(importlib.import_module(f"...{name}", __package__), "", False)
+    except Exception as exc:  # ImportError (undefined symbol, missing library), or its init raising
+        files = _compiled_files(name)
+        if not files:
+            return _Extension(None, f"{not_built or kernels + ' are unavailable'}: geomkern.{name} is not "
+                                    f"built (no compiled file in {_PACKAGE}); {build}", False)
+        suffixes = importlib.machinery.EXTENSION_SUFFIXES
+        other = "" if any(p.name == name + s for p in files for s in suffixes) else \
+            f" (built for another Python or platform: this one loads {name}{suffixes[0]})"
+        return _Extension(None, f"{kernels} are unavailable: geomkern.{name} is built "
+                                f"({', '.join(p.name for p in files)}) "
+                                f"but cannot be loaded here{other}: {type(exc).__name__}: {exc}; "
+                                f"rebuild it for this environment: {build}", True)
+
+
+def _find() -> tuple[_Extension, _Extension]:
+    """geomkern._C and geomkern._C_cuda as this process finds them."""
+    return (_load("_C", "the native CPU kernels", _BUILD_CPU),
+            _load("_C_cuda", "the native CUDA kernels", _BUILD_CUDA,
+                  not_built="geomkern was not compiled with CUDA"))
+
+
+_CPU, _CUDA = _find()
+_C, _C_cuda = _CPU.module, _CUDA.module
+
+
+def why_not(device_type: str | None = None) -> str:
+    """"" when the native kernels for ``device_type`` ("cpu": geomkern._C, "cuda":
+    geomkern._C_cuda) are built and load, else why not and how to get them; None: "" when either
+    extension loaded."""
+    if device_type is None:
+        return _CPU.why_not if _CUDA.why_not else ""
+    if device_type == "cpu":
+        return _CPU.why_not
+    if device_type == "cuda":
+        return _CUDA.why_not
+    return f"the native backend has kernels for cpu and cuda tensors only, not {device_type}"
+
+
+def broken(device_type: str) -> bool:
+    """Whether the extension for ``device_type`` is there but failed to load (auto warns then)."""
+    ext = {"cpu": _CPU, "cuda": _CUDA}.get(device_type)
+    return ext is not None and ext.broken
+
+
+class _Missing:
+    """Stands in for an extension that did not load, so that its kernels can be registered (the
+    registry checks ``why_not`` before it calls one; a call that got here anyway raises it)."""
+
+    def __init__(self, reason: str):
+        self._reason = reason
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # copy, pickle and friends probe these: not a kernel call
+            raise AttributeError(name)
+        raise RuntimeError(self._reason)
 
 
 # Converging takes 6-14 sweeps (host emulation: random matrices up to n = 512, repeated and
@@ -93,15 +165,16 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
             # centres than the reference's for the same seed (equally good: tests/test_cpu_native.py)
             off = offsets.cpu()
             centres = C.kmeanspp(X, off, int(k), int(seed) & (2 ** 63 - 1))
-            labels, centres, _ = C.kmeans_lloyd(X, off, centres, int(iters))
-            return labels, centres
+            labels, centres, _, inertia = C.kmeans_lloyd(X, off, centres, int(iters))
+            return labels, centres, inertia
 
         table["preimage_gd"] = {"cpu": preimage_gd}
         table["preimage_fixed_point"] = {"cpu": preimage_fixed_point}
         table["kmeans"] = {"cpu": kmeans}
         # K(X, Y) V in row-block tiles, K never stored (csrc/cpu/rbf.cpp)
+        # (on the common shift, as every backend's distances: math note 10)
         table["rbf_matmul"] = {"cpu": lambda X, Y, V, gamma, precision=None:
-                               C.rbf_matmul(X, Y, V, float(gamma))}
+                               C.rbf_matmul(*shift_rows(X, Y, by=Y), V, float(gamma))}
     if C_cuda is not None:
         def eigh(A: torch.Tensor, k: int):  # batched Jacobi (csrc/cuda/eigh.cu)
             w, V, info = C_cuda.eigh(A, eigh_tol(A.dtype, A.shape[-1]), MAX_SWEEPS)
@@ -125,25 +198,31 @@ def auto_devices(C) -> dict[str, tuple[str, ...]]:
     AVX2+FMA or wider: built without (GEOMKERN_PORTABLE=1 on x86-64) the pre-image kernel measured
     2.3x (float64) to 3.3x (float32) slower on one core than the AVX2/AVX-512 builds, slower than
     the reference. With AVX-512 (2-core AMD EPYC, b = 5000, S = D = 512, 100 steps) both methods
-    measured 1.3-1.6x faster than the reference."""
-    fast_cpu = C is not None and C.cpu_isa() in ("avx512f", "avx2+fma")
-    # Measured faster but not auto (benchmarks/NOTES.md §15c): rbf_matmul (tiles, K never
-    # stored; 1.33x the torch reference at 8,192² x 512): its rows' sums run in tile order, so
-    # the rows of K V for identical points are not bitwise equal and the matrix-free kpca of an
-    # all-identical cluster (H K H = 0) no longer converges (tests/test_kpca.py,
-    # test_kpca_identical_points[matrix_free]); kmeans (5-20x the reference): its k-means++
-    # draws another random stream, so auto would change the centres FedMC's basis selection
-    # picks for a seed. Both run under gk.set_backend("native").
-    return {"cpu": ("preimage_gd", "preimage_fixed_point") if fast_cpu else ()}
+    measured 1.3-1.6x faster than the reference. C None (not loaded): the order of a fast build,
+    so that auto's fallback from kernels it would have used is reported (see the module notes)."""
+    fast_cpu = C is None or C.cpu_isa() in ("avx512f", "avx2+fma")
+    # kmeans (greedy k-means++ and Lloyd per set, threads over sets): 200 sets of 50-300 points,
+    # D 512, k 8 measured ~35x the reference and 4-6x scikit-learn's per-set KMeans at one thread
+    # at equal inertia (benchmarks/test_cpu_peers.py); its own random stream, so other starts
+    # than the reference's for a seed. rbf_matmul (tiles, K never stored): 1.33x the torch
+    # reference at 8,192^2 x 512 with memory O((n + m)(D + p)) plus a tile per thread; the
+    # matrix-free kpca it serves detects an all-identical cluster directly (its rows' sums run in
+    # tile order, so K V has no bit-equal rows to rely on).
+    cpu = ("kmeans",) + (("preimage_gd", "preimage_fixed_point", "rbf_matmul") if fast_cpu else ())
+    return {"cpu": cpu}
 
 
 def register(C, C_cuda) -> None:
+    """Register the kernels of C and C_cuda; those of an extension that is None (did not load)
+    too, as :class:`_Missing` stand-ins that the registry refuses with :func:`why_not`."""
     auto = auto_devices(C)
-    for op, per_device in kernels(C, C_cuda).items():
+    table = kernels(C if C is not None else _Missing(_CPU.why_not),
+                    C_cuda if C_cuda is not None else _Missing(_CUDA.why_not))
+    for op, per_device in table.items():
         for dev, fn in per_device.items():
             on = (dev,) if op in auto.get(dev, ()) else ()
             _dispatch.register(op, "native", devices=(dev,), auto_on=on)(fn)
 
 
-_dispatch.register_backend("native", why_not=why_not)
+_dispatch.register_backend("native", why_not=why_not, broken=broken)
 register(_C, _C_cuda)

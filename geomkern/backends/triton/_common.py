@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from ..._validate import DEFAULT_PRECISION, PRECISIONS  # noqa: F401  (the public choices)
+from ...ops.rbf import shift_rows
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
@@ -116,24 +117,14 @@ def dot_operands(t: torch.Tensor) -> torch.Tensor:
 
 
 def shifted(*tensors: torch.Tensor, by: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Each (rows, D) tensor minus one common shift, the mean of the rows of ``by`` (default: of
-    all the tensors), computed in the compute dtype; returned in each tensor's own dtype.
-    Distances are translation invariant, so the kernels' result is unchanged in exact
-    arithmetic; in floating point |x|^2 + |y|^2 - 2<x, y> cancels by about |x|^2 / |x - y|^2,
-    which the shift takes from (offset + spread)^2 / spread^2 to ~1 (DESIGN.md math note 10: an
-    offset cloud lost ~1e-4 in float32 without it, 1e-7 with it on an H100). Copies (n + m) x D:
-    a few microseconds beside the O(n m D) kernels. float16/bfloat16 inputs are returned as they
-    are: rounding the shifted copy back to 11 (8) bits moves each point by up to 2^-11 of its
+    """The reference's common shift (geomkern.ops.rbf.shift_rows: the mean of the rows of ``by``,
+    default all the tensors, subtracted from each; on an H100 an offset cloud lost ~1e-4 in
+    float32 without it, 1e-7 with it). float16/bfloat16 inputs are returned as they are:
+    rounding the shifted copy back to 11 (8) bits moves each point by up to 2^-11 of its
     distance to the shift, more than the float32 cancellation it would remove."""
     if tensors[0].dtype not in (torch.float32, torch.float64):
         return [t.contiguous() for t in tensors]
-    acc = compute_dtype(tensors[0].dtype)
-    src = tensors if by is None else (by,)
-    rows = sum(t.shape[0] for t in src)
-    if rows == 0:
-        return [t.contiguous() for t in tensors]
-    shift = sum(t.to(acc).sum(0) for t in src) / rows
-    return [(t.to(acc) - shift).to(t.dtype).contiguous() for t in tensors]
+    return shift_rows(*tensors, by=by)
 
 
 def block(n: int, lo: int = 16, hi: int = 64) -> int:

@@ -263,7 +263,7 @@ def rbf_gram(X, Y, gamma: float, center: bool, precision: str = C.DEFAULT_PRECIS
     out = C.empty((n, m), X.dtype, dev)
     if n == 0 or m == 0:
         return out
-    X, Y = C.shifted(X, Y)
+    X, Y = C.shifted(X, Y, by=Y)  # Y's mean: each row of X's result independent of the batch
     dot = C.dot_precision(X.dtype, precision)
     BLOCK, BLOCK_K, warps = _tiles(max(n, m), D, X.dtype, dot)
     _cross_gram_kernel[(triton.cdiv(n, BLOCK), triton.cdiv(m, BLOCK))](
@@ -317,7 +317,7 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
         return out
     if m == 0:
         return out.zero_()
-    X, Y = C.shifted(X, Y)
+    X, Y = C.shifted(X, Y, by=Y)  # Y's mean: each row of X's result independent of the batch
     f64 = X.dtype == torch.float64
     dot = C.dot_precision(X.dtype, precision)
     resident = D <= _RESIDENT_D
