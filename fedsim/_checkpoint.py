@@ -24,16 +24,25 @@ FORMAT = "fedsim.checkpoint"
 VERSION = 1
 # configuration keys a resume may change without invalidating the checkpoints (_validate_config.RESUMABLE)
 _NOT_FINGERPRINTED = ("rounds",)
+# RunConfig keys added after checkpoints of this version were first written, each with the value
+# that runs as the run folders from before it did (no validation rows, no tuning): left out of the
+# fingerprint at that value, so such a folder still resumes (_validate_config.read_config_json
+# gives its config.json that value)
+_ADDED = {"val_fraction": 0.0, "tune_lr": [], "tune_epochs": []}
 
 
 class CheckpointError(ValueError):
     """A checkpoint a resume cannot trust."""
 
 
-def fingerprint(cfg, method: str, seed: int) -> str:
-    """sha256 of the configuration (without the number of rounds), the method's name and the seed."""
-    c = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_FINGERPRINTED}
-    text = json.dumps({"config": c, "method": method, "seed": seed}, sort_keys=True, default=repr)
+def fingerprint(cfg, method: str, seed: int, *, data: str | None = None) -> str:
+    """sha256 of the configuration (without the number of rounds), the method's name and the seed;
+    ``data``: what a method trains on where the configuration alone does not say it (the
+    centralised row's pooled client views, runner.run_method)."""
+    c = {k: v for k, v in cfg.to_dict().items()
+         if k not in _NOT_FINGERPRINTED and not (k in _ADDED and v == _ADDED[k])}
+    key = {"config": c, "method": method, "seed": seed, **({"data": data} if data else {})}
+    text = json.dumps(key, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

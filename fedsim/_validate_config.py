@@ -35,7 +35,8 @@ FLAGS = {"dataset": "--dataset", "partition": "--partition", "beta": "--beta", "
          "client_fraction": "--fraction", "rounds": "--rounds", "local_epochs": "--epochs",
          "batch_size": "--batch-size", "lr": "--lr", "model": "--model", "zero_shot": "--zero-shot",
          "seed": "--seed", "seeds": "--seeds", "device": "--device",
-         "centralised": "--centralised"}
+         "centralised": "--centralised", "val_fraction": "--val-fraction", "tune_lr": "--tune-lr",
+         "tune_epochs": "--tune-epochs"}
 
 # the largest seed: torch.manual_seed takes 64-bit seeds, numpy's SeedSequence any non-negative int
 MAX_SEED = 2 ** 63 - 1
@@ -164,6 +165,22 @@ class Either:
         return next(k for k in self.kinds if k.ok(v)).norm(v)
 
 
+class ListOf:
+    """A list (possibly empty) of values of one kind."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def describe(self) -> str:
+        return f"a list of values each {self.kind.describe()}"
+
+    def ok(self, v) -> bool:
+        return isinstance(v, list) and all(self.kind.ok(x) for x in v)
+
+    def norm(self, v):
+        return [self.kind.norm(x) for x in v]
+
+
 class Nothing:
     """None (a Python caller's "not set"; TOML has no null, so a file leaves the key out)."""
 
@@ -223,6 +240,10 @@ def _run_fields():
         "zero_shot": Bool(),
         "seed": Int(0, MAX_SEED),
         "seeds": Int(1),
+        # at most half: the rest trains
+        "val_fraction": Real(0, 0.5, note="the share of each client's training rows held out for validation"),
+        "tune_lr": ListOf(Real(0, lo_open=True)),
+        "tune_epochs": ListOf(Int(1)),
     }
 
 
@@ -524,6 +545,8 @@ def read_config_json(path: Path) -> tuple[dict, str | None]:
             return {k: number(x) for k, x in v.items()}
         return v
 
+    # a run folder written before the validation split holds no val_fraction: it resumes as it ran, without one
+    data.setdefault("val_fraction", 0.0)
     # anything malformed is left as it is, for check_config to name
     if isinstance(data.get("model_params"), dict):
         data["model_params"] = number(data["model_params"])

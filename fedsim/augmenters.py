@@ -27,9 +27,14 @@ from ._seeds import generator as _generator  # augment()'s argument is named gen
 
 @dataclass
 class ClientData:
+    """A client's training rows (x, y, domain ids d) and its validation rows (x_val, y_val: carved
+    from its training rows by the run, runner.client_data; never seen by training or augmenters)."""
+
     x: torch.Tensor
     y: torch.Tensor
     d: torch.Tensor | None = None
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
 
 class Augmenter:
@@ -44,6 +49,13 @@ class Augmenter:
         # the run's number of rounds, set by the loop before setup (FedMC's algorithm1 splits
         # epsilon_total over the releases a client can make in them)
         self.rounds: int | None = None
+
+    @classmethod
+    def controls(cls, p: dict) -> list[dict]:
+        """This augmenter's matched-compute controls (parameters ``p``, defaults merged in; docs/design.md
+        note 9), in order of preference: each {"augmenter": name, "augmenter_params": values it must
+        have}, under the same algorithm (report.control_of); none by default (none, oversample)."""
+        return []
 
     def setup(self, clients: list[ClientData], *, n_classes: int, seed: int) -> None:
         pass
@@ -93,6 +105,12 @@ class GGEURAugmenter(Augmenter):
     name = "ggeur"
     defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt",
                 "multi_domain_target": None, "resample": "round"}
+
+    @classmethod
+    def controls(cls, p):
+        # the same extra rows per held class, copies of real rows (on multi-domain data GGEUR also adds
+        # n_per_prototype rows around each other domain's prototype, which the control does not)
+        return [{"augmenter": "oversample", "augmenter_params": {"target_per_class": p["target_per_class"]}}]
 
     def setup(self, clients, *, n_classes, seed):
         self.seed, self.cache = seed, {}
@@ -245,7 +263,7 @@ class FedMCAugmenter(Augmenter):
     client; then every round fresh calibrated samples labelled like their source, *added* to the
     client's real data: by default the same budget as GGEUR (fill each held class up to
     ``target_per_class``), or ``n_per_sample`` per local sample. It was the default until it
-    measured 0.6-2.1 points below Algorithm 1 at every beta (benchmarks/NOTES.md §16): its added
+    measured 0.6-2.1 points below Algorithm 1 at every beta (docs/history.md §16): its added
     rows cost client drift, and neither protocol's samples beat its matched-compute control.
 
     ``clip_norm``: None (default) clips nothing at epsilon = inf (plain k-means++ patches); with a
@@ -280,6 +298,14 @@ class FedMCAugmenter(Augmenter):
         p = self.p
         return dict(n_clusters=p["n_clusters"], n_components=p["n_components"], n_entries=p["n_entries"],
                     epsilon=p["epsilon"], delta=p["delta"], clip_norm=p["clip_norm"])
+
+    @classmethod
+    def controls(cls, p):
+        if p["protocol"] == "algorithm1":  # one calibrated row per real row: the same steps as FedAvg's
+            return [{"augmenter": "none", "augmenter_params": {}}]
+        if p["n_per_sample"] is None:  # fixed: the extra rows of GGEUR's budget rule
+            return [{"augmenter": "oversample", "augmenter_params": {"target_per_class": p["target_per_class"]}}]
+        return []  # n_per_sample rows per real row: no control has that budget
 
     def setup(self, clients, *, n_classes, seed):
         p = self.p

@@ -85,6 +85,10 @@ def run_config(args, given: dict):
         cfg.model, sizes = parse_model(cfg.model)
         cfg.model_params = {**cfg.model_params, **sizes}
     apply_run_defaults(cfg)  # the model's rounds / batch_size / lr where nothing set them (models.RUN_DEFAULTS)
+    if args.tune and "tune_lr" not in given:  # --tune: a grid around the run's lr
+        from .runner import TUNE_LR_FACTORS
+
+        cfg.tune_lr = [float(f"{cfg.lr * f:.6g}") for f in TUNE_LR_FACTORS]
     if args.algorithms or args.augmenters:
         params = {}  # the preset's / file's [params.PLUGIN] tables also reach the methods the flags name
         for t in tables:
@@ -143,7 +147,8 @@ def _run(args) -> int:
     if args.resume:
         for flag, v in (("--out", args.out), ("--config", args.config), ("--preset", args.preset),
                         ("--set", args.set), ("--algorithms", args.algorithms),
-                        ("--augmenters", args.augmenters), ("--epsilon-total", args.epsilon_total)):
+                        ("--augmenters", args.augmenters), ("--epsilon-total", args.epsilon_total),
+                        ("--tune", args.tune or None)):
             if v is not None:
                 raise ValueError(f"--resume {args.resume}: {flag} cannot be used with --resume (a resumed run "
                                  "keeps its configuration; only --rounds may grow)")
@@ -166,7 +171,8 @@ def _run(args) -> int:
     print(results["dataset"])
     c = results["config"]
     print(f"partition {partition_text(c)}, {c['n_clients']} clients, {c['rounds']} rounds, "
-          f"{c['seeds']} seed(s) from {c['seed']}, model {c['model']}")
+          f"{c['seeds']} seed(s) from {c['seed']}, model {c['model']}"
+          + (f", validation {c['val_fraction']:g} of each client's training rows" if c.get("val_fraction") else ""))
     print(format_table(results, timings))
     print(f"wrote {out}/results.json, results.csv, timings.json, table.txt, accuracy.png, partition.png, "
           f"per_class.png ({time.perf_counter() - t0:.1f} s)")
@@ -260,6 +266,21 @@ def _presets(args) -> int:
     return 0
 
 
+def _number_list(kind):
+    """argparse type: a comma list of numbers of ``kind`` (ranges are checked with the RunConfig)."""
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {kind.__name__}s, e.g. "
+                                             f"{'0.01,0.05,0.2' if kind is float else '1,2,5'}; got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+        return values
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsim", description="federated simulator for feature calibration "
                                 "(FedMC, GGEUR) on frozen embeddings")
@@ -314,8 +335,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch threads (default 0: one per 2**24 multiply-adds of a local step, at most the CPUs "
                         "this process may use; pass 1 on a shared machine)")
     r.add_argument("--centralised", dest="centralised", action="store_true", default=None,
-                   help="also train the ceiling row 'Centralised': one client holding all training data, the "
-                        "same head, FedAvg without augmenter, rounds x epochs epochs over the pooled data")
+                   help="also train the ceiling row 'Centralised': one client holding every client's training rows "
+                        "as that client sees them (with --feature-shift/--feature-noise each row through its own "
+                        "client's view, and tested on the same per-client views of the test rows as the federated "
+                        "methods), the same head, FedAvg without augmenter, rounds x epochs epochs over the pooled "
+                        "rows")
+    r.add_argument("--val-fraction", dest="val_fraction", type=float, metavar="FRAC",
+                   help="share of each client's training rows held out as its validation rows (seeded, stratified "
+                        "per class; a class keeps at least one training row): every run checks convergence on them "
+                        "(the table marks with * a method whose validation accuracy still rose by more than 0.2 "
+                        "points per round over its last 5 rounds) and --tune chooses on them; the test rows are never "
+                        "used to choose; 0: none (global-model runs; the personalised path keeps its own 80/20 split "
+                        "and has none) (default 0.1)")
+    r.add_argument("--tune", action="store_true",
+                   help="choose each method's learning rate (the centralised row's too) on the validation rows: "
+                        "every method runs at lr x 0.25, 0.5, 1, 2, 4 (lr: --lr or the model's default), and its "
+                        "row is the run at the best validation accuracy (mean of the last 5 rounds and the seeds); "
+                        "results.json records the grid, the scores and the choice (docs/comparisons.md)")
+    r.add_argument("--tune-lr", dest="tune_lr", type=_number_list(float), metavar="LR,LR,...",
+                   help="tune on this grid of learning rates instead of --tune's (default none: --tune's grid "
+                        "with --tune, else lr is not tuned)")
+    r.add_argument("--tune-epochs", dest="tune_epochs", type=_number_list(int), metavar="E,E,...",
+                   help="also choose the local epochs from this grid (with --tune or --tune-lr: every pair) "
+                        "(default none: not tuned)")
     r.add_argument("--zero-shot", dest="zero_shot", action="store_true", default=None,
                    help="initialise the linear head from the dataset's class-name text embeddings")
     r.add_argument("--epsilon-total", dest="epsilon_total", type=float, metavar="EPS",

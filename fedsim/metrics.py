@@ -5,10 +5,38 @@ rows; an augmenter's synthetic rows do not count). Its "own classes" accuracy is
 model's test accuracy on the test rows of the classes it holds, its "missing classes" accuracy
 the same on the classes it lacks: how much of what the federation learnt reaches a client that
 never saw a class.
+
+The convergence check of every run: a method whose validation accuracy still rises over its last
+rounds is reported as not converged (more rounds would change its row, and a gain measured against
+it may be a gain in training steps).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+# Not converged: the least-squares slope of the validation accuracy over the last CONVERGENCE_WINDOW
+# rounds exceeds CONVERGENCE_SLOPE (accuracy per round: 0.2 percentage points per round, +0.8 over the
+# window). Chosen by measurement (docs/comparisons.md, "Convergence check").
+CONVERGENCE_WINDOW = 5
+CONVERGENCE_SLOPE = 0.002
+
+
+def val_slope(val_accuracy) -> float | None:
+    """The least-squares slope (accuracy per round) of the last CONVERGENCE_WINDOW values of
+    ``val_accuracy`` (one per round); None with fewer rounds."""
+    if len(val_accuracy) < CONVERGENCE_WINDOW:
+        return None
+    a = np.asarray(val_accuracy[-CONVERGENCE_WINDOW:], dtype=np.float64)
+    r = np.arange(CONVERGENCE_WINDOW, dtype=np.float64) - (CONVERGENCE_WINDOW - 1) / 2
+    return float((r * (a - a.mean())).sum() / (r * r).sum())
+
+
+def convergence(val_accuracy) -> dict:
+    """``val_slope`` and ``converged`` (the slope is at most CONVERGENCE_SLOPE) of one run; both
+    None when it has fewer than CONVERGENCE_WINDOW rounds (not checked)."""
+    slope = val_slope(val_accuracy)
+    return {"val_slope": slope, "converged": None if slope is None else slope <= CONVERGENCE_SLOPE}
 
 
 def confusion_matrix(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:

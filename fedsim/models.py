@@ -131,7 +131,7 @@ MODELS = {"linear": CosineHead, "mlp": MLPHead, "personal": PersonalNet, "prompt
 
 # The RunConfig values each model runs with where nothing sets them (RunConfig keeps None for
 # "the model's default", and RunConfig.validate fills them in from here, so the Python API and
-# `fedsim run` agree). linear and mlp: measured on the embedded data, benchmarks/NOTES.md §13
+# `fedsim run` agree). linear and mlp: measured on the embedded data, docs/history.md §13
 # "mlp learning rate" (FedAvg, beta 0.1, 30 rounds: the cosine head is flat from lr 0.01 to 0.5 and
 # breaks at 1.0; the mlp reaches 19.6 % at 0.05, 55.8 % at 0.5, 57.5 % at 1.0). The prompt head pays
 # a forward and backward pass of the frozen tower over every class prompt per local step, whatever

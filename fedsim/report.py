@@ -8,6 +8,7 @@ import numpy as np
 
 from ._io import atomic_write, json_text
 from .data.partition import class_matrix
+from .metrics import CONVERGENCE_SLOPE, CONVERGENCE_WINDOW
 
 
 # scalar metrics summarised over seeds, where every seed of a method has them
@@ -24,9 +25,16 @@ def mean_std(values) -> dict:
 
 def summarise(per_seed: dict) -> dict:
     """Mean and sample std (ddof = 1) over seeds of the scalar metrics; the per-class accuracy's
-    mean and std per class (a class without test rows: None)."""
+    mean and std per class (a class without test rows: None); the convergence check over seeds
+    (``convergence``: the mean of the seeds' validation slopes, the slope of their mean curve,
+    against metrics.CONVERGENCE_SLOPE; absent where a seed was not checked)."""
     out = {k: mean_std([v[k] for v in per_seed.values()]) for k in SCALARS
            if all(v.get(k) is not None for v in per_seed.values())}
+    slopes = [v.get("val_slope") for v in per_seed.values()]
+    if all(x is not None for x in slopes):
+        slope = float(np.mean(slopes))
+        out["convergence"] = {"val_slope": slope, "converged": slope <= CONVERGENCE_SLOPE,
+                              "limit": CONVERGENCE_SLOPE, "window": CONVERGENCE_WINDOW}
     if all("per_class" in v for v in per_seed.values()):
         cols = list(zip(*(v["per_class"] for v in per_seed.values())))
         stats = [mean_std(c) if all(a is not None for a in c) else {"mean": None, "std": None} for c in cols]
@@ -34,24 +42,68 @@ def summarise(per_seed: dict) -> dict:
     return out
 
 
-def paired_differences(results: dict, key: str = "final_accuracy") -> None:
-    """Each method's ``key`` minus the first method's, seed by seed (the same seed means the same
+def _paired(m: dict, ref: dict, ref_name: str, key: str) -> dict | None:
+    """Method ``m``'s ``key`` minus method ``ref``'s, seed by seed (the same seed means the same
     partition, initial model and client sampling, so the pair shares its noise): the per-seed
-    differences, their mean and their [min, max] range, into the method's summary as
+    differences, their mean and their min and max; None without a common seed."""
+    seeds = [s for s in m["seeds"] if s in ref["seeds"] and key in m["seeds"][s] and key in ref["seeds"][s]]
+    if not seeds:
+        return None
+    d = {s: m["seeds"][s][key] - ref["seeds"][s][key] for s in seeds}
+    return {"vs": ref_name, "metric": key, "per_seed": d, "mean": float(np.mean(list(d.values()))),
+            "min": float(min(d.values())), "max": float(max(d.values()))}
+
+
+def paired_differences(results: dict, key: str = "final_accuracy") -> None:
+    """Each method's paired difference (``_paired``) to the first method, into its summary as
     ``paired_diff``. The first method gets none; a method without a seed of the first gets none."""
-    methods = list(results["methods"].values())
-    if len(methods) < 2:
-        return
-    ref_name = next(iter(results["methods"]))
-    ref = methods[0]["seeds"]
-    for m in methods[1:]:
-        seeds = [s for s in m["seeds"] if s in ref and key in m["seeds"][s] and key in ref[s]]
-        if not seeds:
-            continue
-        d = {s: m["seeds"][s][key] - ref[s][key] for s in seeds}
-        m["summary"]["paired_diff"] = {"vs": ref_name, "metric": key, "per_seed": d,
-                                       "mean": float(np.mean(list(d.values()))),
-                                       "min": float(min(d.values())), "max": float(max(d.values()))}
+    names = list(results["methods"])
+    for name in names[1:]:
+        d = _paired(results["methods"][name], results["methods"][names[0]], names[0], key)
+        if d is not None:
+            results["methods"][name]["summary"]["paired_diff"] = d
+
+
+def control_of(method: dict, methods: list[dict]) -> str | None:
+    """The name of ``method``'s control among ``methods`` (results.json's config methods: name,
+    algorithm, augmenter and their params), None if it has none there. The control differs from
+    the method only in what is under test: an augmenter's matched-compute control (its ``controls``:
+    GGEUR -> oversample at the same target_per_class, FedMC under Algorithm 1 -> no augmenter, under
+    its fixed protocol -> oversample) under the same algorithm and algorithm parameters; failing that,
+    the algorithm's (FedMP -> FedAvg under the same schedule) under the same augmenter and augmenter
+    parameters. The first of a plug-in's preferences found in the run is taken."""
+    from .algorithms import ALGORITHMS
+    from .augmenters import AUGMENTERS
+
+    def alg(m):
+        return m["algorithm"].lower(), {**ALGORITHMS[m["algorithm"].lower()].defaults, **m["algorithm_params"]}
+
+    def aug(m):
+        return m["augmenter"], {**AUGMENTERS[m["augmenter"]].defaults, **m["augmenter_params"]}
+
+    wanted = [("augmenter", w) for w in AUGMENTERS[method["augmenter"]].controls(aug(method)[1])] + \
+             [("algorithm", w) for w in ALGORITHMS[method["algorithm"].lower()].controls(alg(method)[1])]
+    for kind, w in wanted:
+        same, varied = (alg, aug) if kind == "augmenter" else (aug, alg)
+        for c in methods:
+            name, params = varied(c)
+            if c is not method and same(c) == same(method) and name == w[kind] and \
+                    all(params.get(k) == v for k, v in w[f"{kind}_params"].items()):
+                return c["name"]
+    return None
+
+
+def control_differences(results: dict, key: str = "final_accuracy") -> None:
+    """Each method's paired difference (``_paired``) to its control (``control_of``), into its
+    summary as ``control_diff``; none for a method without a control in the run (or the centralised
+    row)."""
+    specs = results["config"]["methods"]
+    for spec in specs:
+        ref = control_of(spec, specs)
+        if ref is not None and spec["name"] in results["methods"]:
+            d = _paired(results["methods"][spec["name"]], results["methods"][ref], ref, key)
+            if d is not None:
+                results["methods"][spec["name"]]["summary"]["control_diff"] = d
 
 
 def _timing_summary(tim: dict) -> tuple[float, float]:
@@ -94,28 +146,40 @@ def format_table(results: dict, timings: dict) -> str:
     def cell(s, scale=100.0, fmt="{:.2f}"):
         return (fmt.format(s["mean"] * scale) + (f" ± {fmt.format(s['std'] * scale)}" if multi else ""))
 
-    def diff(s):  # paired difference to the first method: mean [min, max] over seeds, percentage points
-        d = s.get("paired_diff")
+    def diff(s, key="paired_diff"):  # paired difference: mean [min, max] over seeds, percentage points
+        d = s.get(key)
         if d is None:
             return "-"
         return f"{100 * d['mean']:+.2f}" + (f" [{100 * d['min']:+.2f}, {100 * d['max']:+.2f}]" if multi else "")
 
+    def chosen(m, key):  # a tuned value; "0.0125 (min)": chosen at an end of its grid
+        t = m.get("tuning")
+        return "-" if t is None else f"{t[key]:g}" + (f" ({t['at_edge'][key]})" if key in t.get("at_edge", {}) else "")
+
     first = next(iter(results["methods"]))
     has_diff = any("paired_diff" in m["summary"] for m in results["methods"].values())
+    has_ctl = any("control_diff" in m["summary"] for m in results["methods"].values())
     has_cls = any("worst_class_accuracy" in m["summary"] for m in results["methods"].values())
+    tuned = any("tuning" in m for m in results["methods"].values())
+    tuned_epochs = tuned and bool(results["config"].get("tune_epochs"))
+    rising = [n for n, m in results["methods"].items()
+              if not m["summary"].get("convergence", {}).get("converged", True)]
 
     has_zs = any("zero_shot_accuracy" in m["summary"] for m in results["methods"].values())
     head = ["method"] + (["zero-shot %"] if has_zs else []) + ["final acc %", "last-5 acc %"] + \
         (["domain acc std %"] if has_dom else []) + \
         (["client acc std %"] if has_cli else []) + \
         ([f"vs {first} pp"] if has_diff else []) + \
+        (["control", "vs control pp"] if has_ctl else []) + \
+        (["lr"] if tuned else []) + (["epochs"] if tuned_epochs else []) + \
         (["worst class %", "own classes %", "missing classes %"] if has_cls else []) + \
         ["train s/rnd", "geom s/rnd", "MB up", "MB down", "max eps"]
     rows = []
     for name, m in results["methods"].items():
         s = m["summary"]
         tr, ge = _timing_summary(timings[name])
-        row = [name] + ([cell(s["zero_shot_accuracy"]) if "zero_shot_accuracy" in s else "-"] if has_zs else []) + \
+        row = [name + (" *" if name in rising else "")] + \
+            ([cell(s["zero_shot_accuracy"]) if "zero_shot_accuracy" in s else "-"] if has_zs else []) + \
             [cell(s["final_accuracy"]), cell(s["last5_mean"])]
         if has_dom:
             row.append(cell(s["per_domain_std"]) if "per_domain_std" in s else "-")
@@ -123,6 +187,12 @@ def format_table(results: dict, timings: dict) -> str:
             row.append(cell(s["client_accuracy_std"]) if "client_accuracy_std" in s else "-")
         if has_diff:
             row.append(diff(s))
+        if has_ctl:
+            row += [s["control_diff"]["vs"] if "control_diff" in s else "-", diff(s, "control_diff")]
+        if tuned:
+            row.append(chosen(m, "lr"))
+        if tuned_epochs:
+            row.append(chosen(m, "local_epochs"))
         if has_cls:
             row += [cell(s[k]) if k in s else "-" for k in ("worst_class_accuracy", "own_class_accuracy",
                                                             "missing_class_accuracy")]
@@ -135,10 +205,37 @@ def format_table(results: dict, timings: dict) -> str:
     if has_diff:
         notes.append(f"vs {first}: final acc minus {first}'s, same seed and partition, in percentage points: "
                      "mean" + (" [min, max] over seeds" if multi else ""))
+    if has_ctl:
+        notes.append("vs control: final acc minus its control's (the method that differs only in what is under "
+                     "test: GGEUR's matched-compute control is oversample, FedMC's under Algorithm 1 plain FedAvg, "
+                     "FedMP's FedAvg under the same schedule), same seed, in percentage points: mean"
+                     + (" [min, max] over seeds" if multi else ""))
+    if tuned:
+        score = next(m["tuning"]["score"] for m in results["methods"].values() if "tuning" in m)
+        notes.append(f"lr{', epochs' if tuned_epochs else ''}: chosen per method from the grid of --tune by its "
+                     f"{score}; the grid and its scores are in results.json; (min)/(max): the grid's end, the best "
+                     "may lie beyond it (--tune-lr, --tune-epochs)")
+    if rising:
+        notes.append(f"* not converged: validation accuracy still rising over the last {CONVERGENCE_WINDOW} rounds "
+                     f"(least-squares slope above {100 * CONVERGENCE_SLOPE:g} points per round, mean over seeds): more "
+                     "rounds would change this row (fedsim run --resume DIR --rounds N)")
+    elif not any("convergence" in m["summary"] for m in results["methods"].values()):
+        notes.append("convergence not checked: " + _unchecked_why(results["config"]))
     if has_cls:
         notes.append("own/missing classes: test accuracy on the classes a client holds (>= 1 training row) / "
                      "lacks, mean over clients; worst class: the lowest per-class test accuracy")
     return "\n".join(aligned(head, rows) + notes)
+
+
+def _unchecked_why(cfg: dict) -> str:
+    """Why a run's table carries no convergence check."""
+    if "val_fraction" not in cfg:
+        return "the personalised path has no validation rows"
+    if cfg["val_fraction"] == 0:
+        return "no validation rows (--val-fraction 0)"
+    if cfg["rounds"] < CONVERGENCE_WINDOW:
+        return f"fewer than {CONVERGENCE_WINDOW} rounds"
+    return "too few rows to hold validation rows out (clients of 1-4 rows per class)"
 
 
 def _pyplot():
@@ -273,9 +370,10 @@ def format_per_class(results: dict, class_names) -> str:
 
 def write_outputs(results: dict, timings: dict, ds, parts, out: Path) -> None:
     """The run's files; first completes the summaries with the paired differences to the first
-    method (so the returned ``results`` and results.json agree). ``parts``: the first seed's
-    partition (partition.png)."""
+    method and to each method's control (so the returned ``results`` and results.json agree).
+    ``parts``: the first seed's partition (partition.png)."""
     paired_differences(results)
+    control_differences(results)
     plot_partition(parts, ds.y_train, ds.n_classes, ds.class_names, out / "partition.png",
                    seed=results["config"]["seed"])
     plot_accuracy(results, out / "accuracy.png")

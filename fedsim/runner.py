@@ -13,7 +13,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,8 @@ from ._validate_config import (ConfigError, apply_resume_changes, check_config, 
 from .client import DivergedError, local_train
 from .data import load_dataset
 from .data.partition import USES_BETA, feature_shift, partition
-from .metrics import final_report
+from .data.split import validation_split
+from .metrics import CONVERGENCE_WINDOW, convergence, final_report
 from .models import MODELS, apply_run_defaults, build_model, has_trunk, run_defaults
 from .prompt import check_prompt_dataset
 
@@ -77,9 +78,18 @@ class RunConfig:
     model: str = "linear"
     model_params: dict = field(default_factory=dict)
     zero_shot: bool = False  # initialise the linear head from the dataset's class_text embeddings
-    # also train the ceiling row CENTRALISED: one client holding every training row (FedAvg, no augmenter,
-    # the same head, rounds x local_epochs epochs over the pooled data)
+    # also train the ceiling row CENTRALISED: one client holding every client's training rows as that
+    # client sees them (its view under a feature shift; FedAvg, no augmenter, the same head, rounds x
+    # local_epochs epochs over the pooled rows), tested like the federated methods
     centralised: bool = False
+    # share of each client's training rows held out as its validation rows (seeded, stratified per
+    # class: data/split.validation_split): the convergence check and --tune read them, training and
+    # the augmenters never see them; 0 = none (no convergence check, no tuning)
+    val_fraction: float = 0.1
+    # --tune: the grids each method's lr / local_epochs is chosen from, on the validation rows
+    # (tune_method); [] = that value is not tuned
+    tune_lr: list = field(default_factory=list)
+    tune_epochs: list = field(default_factory=list)
     methods: list[MethodSpec] = field(default_factory=default_methods)
     seed: int = 0
     seeds: int = 1
@@ -94,6 +104,10 @@ class RunConfig:
 
         if self.centralised and any(slug(m.name) == slug(CENTRALISED) for m in self.methods):
             bad("methods", f"has a method named like {CENTRALISED!r}, the row centralised adds: rename it")
+        if (self.tune_lr or self.tune_epochs) and self.val_fraction == 0:
+            bad("val_fraction (--val-fraction)", "is 0, but tuning (--tune, --tune-lr, --tune-epochs) chooses on "
+                "the validation rows: give a fraction > 0 (default 0.1)")
+        self.tune_lr, self.tune_epochs = sorted(set(self.tune_lr)), sorted(set(self.tune_epochs))
         # what the value tables cannot see: the plug-ins' own checks and how they combine
         for m in self.methods:
             algo = build_algorithm(m.algorithm, **m.algorithm_params)  # unknown hyper-parameters raise here
@@ -178,12 +192,18 @@ def write_config_json(cfg: RunConfig, out: Path, engine: str) -> None:
 
 
 def results_config(cfg: RunConfig) -> dict:
-    """The configuration results.json records: every RunConfig field, less ``beta`` where the
-    partition draws no Dirichlet (iid), so that a value which played no part is not reported.
-    (config.json keeps it: a resumed run's checkpoints are verified against every field.)"""
+    """The configuration results.json records: every RunConfig field, less those which played no
+    part, so that they are not reported: ``beta`` where the partition draws no Dirichlet (iid),
+    ``val_fraction`` on the personalised path (its clients keep their own 80/20 train/test split and
+    no validation rows). (config.json keeps them: a resumed run's checkpoints are verified against
+    every field.)"""
+    from .personal import is_personal_run  # (personal.py imports this module)
+
     d = cfg.to_dict()
     if cfg.partition not in USES_BETA:
         del d["beta"]
+    if is_personal_run(cfg):
+        del d["val_fraction"]
     return d
 
 
@@ -199,6 +219,13 @@ def evaluate(model, x, y, d=None, n_domains: int = 0) -> tuple[float, list[float
     return float(correct.mean()), per_domain
 
 
+@torch.no_grad()
+def accuracy(model, x, y) -> float:
+    """The share of rows (x, y) the model classifies right (the validation rows' score)."""
+    model.eval()
+    return float((model(x)[0].argmax(1) == y).to(torch.float64).mean())
+
+
 def slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name).strip("-").lower()
 
@@ -209,15 +236,31 @@ def make_partition(cfg: RunConfig, ds, seed: int) -> list[torch.Tensor]:
                      beta=cfg.beta, seed=seed, min_size=cfg.min_size)
 
 
-def client_data(cfg: RunConfig, ds, parts, seed: int) -> tuple[list[ClientData], torch.Tensor]:
+def client_data(cfg: RunConfig, ds, parts, seed: int, *,
+                pooled: bool = False) -> tuple[list[ClientData], torch.Tensor]:
     """Every client's data (on cfg.device) from the partition ``parts`` and the test inputs; with a
-    feature shift each client's own view, the test rows split among them (seeded by ``seed``)."""
+    feature shift each client's own view, the test rows split among them (seeded by ``seed``). Each
+    client's validation rows (cfg.val_fraction) are carved from its rows after the shift, so they
+    are seen through its view too. ``pooled``: one client (the centralised row) holding every
+    client's training rows and validation rows as that client sees them, in dataset order."""
     dev = torch.device(cfg.device)
     xs, x_test = [ds.x_train[p] for p in parts], ds.x_test
     if cfg.feature_shift or cfg.feature_noise:
         xs, x_test, _ = feature_shift(xs, x_test, angle=cfg.feature_shift, noise=cfg.feature_noise, seed=seed)
-    clients = [ClientData(x.to(dev), ds.y_train[p].to(dev),
-                          None if ds.d_train is None else ds.d_train[p].to(dev)) for x, p in zip(xs, parts)]
+    ys = [ds.y_train[p] for p in parts]
+    doms = [None if ds.d_train is None else ds.d_train[p] for p in parts]
+    split = [tuple(torch.from_numpy(i) for i in validation_split(y.cpu().numpy(), cfg.val_fraction, seed=seed,
+                                                                 client=k)) for k, y in enumerate(ys)]
+    if pooled:  # every client's rows in dataset order (with no shift and no validation: the dataset itself)
+        def pool(ts, which):
+            rows = torch.cat([p[s[which]] for p, s in zip(parts, split)])
+            return torch.cat([t[s[which]] for t, s in zip(ts, split)])[torch.argsort(rows)]
+
+        d = None if ds.d_train is None else pool(doms, 0)
+        return [ClientData(pool(xs, 0).to(dev), pool(ys, 0).to(dev), None if d is None else d.to(dev),
+                           pool(xs, 1).to(dev), pool(ys, 1).to(dev))], x_test
+    clients = [ClientData(x[tr].to(dev), y[tr].to(dev), None if d is None else d[tr].to(dev), x[va].to(dev),
+                          y[va].to(dev)) for x, y, d, (tr, va) in zip(xs, ys, doms, split)]
     return clients, x_test
 
 
@@ -235,9 +278,12 @@ def initial_model(cfg: RunConfig, ds, seed: int):
 
 # ------------------------------------------------------------------------------ one method, one seed
 def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: Path,
-               *, progress: bool = True, dataset_sum: str | None = None, engine=None) -> tuple[dict, dict]:
+               *, progress: bool = True, dataset_sum: str | None = None, engine=None,
+               pooled: bool = False) -> tuple[dict, dict]:
     """Train ``spec`` for cfg.rounds rounds (continuing from run_dir/checkpoint.pt if present, once
-    verified: _checkpoint.load). ``dataset_sum``: ds's checksum if already computed. ``engine``:
+    verified: _checkpoint.load), evaluating the global model on the test rows and on every
+    client's validation rows after each round. ``pooled``: one client holding every client's rows
+    (the centralised row: client_data). ``dataset_sum``: ds's checksum if already computed. ``engine``:
     None runs every client here; else an object whose ``setup(augmenter, spec, seed)`` runs the
     augmenter's exchange, whose ``begin_round(augmenter, spec, seed, round, selected)`` its per-round
     exchange (the augmenter's ``begin_round``), and whose ``train(spec, seed, round, selected, global_params, algo)``
@@ -248,8 +294,9 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     dev = torch.device(cfg.device)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = run_dir / "checkpoint.pt"
-    clients, x_test = client_data(cfg, ds, parts, seed)
+    clients, x_test = client_data(cfg, ds, parts, seed, pooled=pooled)
     x_test, y_test = x_test.to(dev), ds.y_test.to(dev)
+    x_val, y_val = torch.cat([c.x_val for c in clients]), torch.cat([c.y_val for c in clients])
     d_test = None if ds.d_test is None else ds.d_test.to(dev)
     model = initial_model(cfg, ds, seed)
     algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
@@ -258,7 +305,10 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     history: list[dict] = []
     timings: dict = {"rounds": []}
     start = 0
-    fingerprint = _checkpoint.fingerprint(cfg, spec.name, seed)
+    # the centralised row under a shift trains on the clients' views (it once took one client's view for all:
+    # such a checkpoint is refused)
+    views = "pooled client views" if pooled and (cfg.feature_shift or cfg.feature_noise) else None
+    fingerprint = _checkpoint.fingerprint(cfg, spec.name, seed, data=views)
     dataset_sum = dataset_sum or _checkpoint.dataset_checksum(ds)
     privacy, aug_state, zero_shot = None, {}, None
     if ckpt.is_file():
@@ -339,6 +389,8 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
         history.append({"round": r + 1, "accuracy": acc, "per_domain": per_domain,
                         "train_loss": float(np.mean([u.loss for u in updates])),
                         "bytes_up": up, "bytes_down": down})
+        if y_val.numel():
+            history[-1]["val_accuracy"] = accuracy(model, x_val, y_val)
         timings["rounds"].append({"round": r + 1, "train_s": t_train, "geometry_s": t_geom})
         privacy = augmenter.privacy(len(clients))  # a per-round exchange spends more each round
         timings["wall_s"] = wall_before + (time.perf_counter() - t_start)
@@ -410,6 +462,9 @@ def _metrics(history: list[dict], ds, privacy: dict | None = None, zero_shot: fl
            "train_loss": [h["train_loss"] for h in history],
            "bytes_up": int(sum(h["bytes_up"] for h in history)),
            "bytes_down": int(sum(h["bytes_down"] for h in history))}
+    if all("val_accuracy" in h for h in history):  # the run has validation rows (val_fraction > 0)
+        out["val_accuracy"] = [h["val_accuracy"] for h in history]
+        out.update(convergence(out["val_accuracy"]))
     if last["per_domain"]:
         out["per_domain"] = dict(zip(ds.domain_names, last["per_domain"]))
         out["per_domain_std"] = float(np.std([a for a in last["per_domain"] if a is not None]))
@@ -418,6 +473,71 @@ def _metrics(history: list[dict], ds, privacy: dict | None = None, zero_shot: fl
     if zero_shot is not None:  # test accuracy of the round-0 model (class-name prompts, no training)
         out["zero_shot_accuracy"] = zero_shot
     return out
+
+
+# ------------------------------------------------------------------------------ tuning
+# what --tune chooses by: the validation accuracy of a grid point's last rounds (metrics.CONVERGENCE_WINDOW,
+# fewer in a shorter run), mean over those rounds and over the seeds
+TUNE_SCORE = "validation accuracy, mean over the last 5 rounds and over the seeds"
+# --tune without --tune-lr: the learning rates lr x these (lr: --lr or the model's default)
+TUNE_LR_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def tuned(cfg: RunConfig) -> bool:
+    return bool(cfg.tune_lr or cfg.tune_epochs)
+
+
+def at_point(cfg: RunConfig, lr: float, local_epochs: int) -> RunConfig:
+    """``cfg`` at one grid point: the plain run (no tuning) with this lr and local_epochs, so its
+    checkpoints are a plain run's (the grid does not enter its fingerprint)."""
+    return replace(cfg, lr=lr, local_epochs=local_epochs, tune_lr=[], tune_epochs=[])
+
+
+def tune_method(cfg: RunConfig, spec: MethodSpec, seeds: list[int], ds, partitions, out: Path, *, pooled: bool,
+                progress: bool, dataset_sum: str) -> tuple[dict, dict, dict]:
+    """Run ``spec`` at every grid point (cfg.tune_lr x cfg.tune_epochs; an empty grid is the run's own
+    value) for every seed, each a plain run in out/tune/ (checkpointed, so a resume continues it), and
+    choose the point with the best TUNE_SCORE on the validation rows; the test rows play no part. A
+    grid point that diverges on some seed scores nothing. Returns (the tuning record: the grid's
+    scores, the chosen lr / local_epochs, and ``at_edge``: those chosen at an end of a grid of several
+    values; the chosen point's metrics per seed; its timings per seed, each with ``tuning_wall_s``:
+    the seed's wall time over the whole grid)."""
+    points, runs = [], []
+    wall = {str(s): 0.0 for s in seeds}
+    for epochs in cfg.tune_epochs or [cfg.local_epochs]:
+        for lr in cfg.tune_lr or [cfg.lr]:
+            c = at_point(cfg, lr, epochs)
+            per_seed, tim, point = {}, {}, {"lr": lr, "local_epochs": epochs}
+            for s in seeds:
+                run_dir = out / "tune" / f"{slug(spec.name)}-lr{lr:g}-ep{epochs}-seed{s}"
+                try:
+                    per_seed[str(s)], tim[str(s)] = run_method(c, spec, s, ds, partitions[s], run_dir, pooled=pooled,
+                                                               progress=progress, dataset_sum=dataset_sum)
+                except DivergedError:
+                    point["diverged"] = f"seed {s}"
+                    break
+                wall[str(s)] += tim[str(s)].get("wall_s", 0.0)
+            if "diverged" not in point:
+                scores = {s: float(np.mean(v["val_accuracy"][-CONVERGENCE_WINDOW:])) for s, v in per_seed.items()}
+                point.update(score=float(np.mean(list(scores.values()))), per_seed=scores)
+            points.append(point)
+            runs.append((per_seed, tim))
+    ok = [i for i, p in enumerate(points) if "score" in p]
+    if not ok:
+        raise DivergedError(f"--tune: {spec.name} diverged at every grid point (lr {cfg.tune_lr or [cfg.lr]}, "
+                            f"local epochs {cfg.tune_epochs or [cfg.local_epochs]}); give smaller learning "
+                            "rates (--tune-lr)")
+    best = max(ok, key=lambda i: points[i]["score"])  # ties: the first in grid order (fewer epochs, smaller lr)
+    per_seed, tim = runs[best]
+    for s, t in tim.items():
+        t["tuning_wall_s"] = wall[s]
+    record = {"score": TUNE_SCORE, "lr": points[best]["lr"], "local_epochs": points[best]["local_epochs"],
+              "grid": points}
+    # a choice at an end of its grid may only be the best of a range that stops too early
+    for key, grid in (("lr", cfg.tune_lr), ("local_epochs", cfg.tune_epochs)):
+        if len(grid) > 1 and record[key] in (grid[0], grid[-1]):
+            record.setdefault("at_edge", {})[key] = "min" if record[key] == grid[0] else "max"
+    return record, per_seed, tim
 
 
 # ------------------------------------------------------------------------------ whole run
@@ -496,6 +616,12 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
         from .flower.server_app import check_supported
 
         check_supported(cfg)  # personalised runs, FedMP: refused by name
+    if tuned(cfg) and (engine != "local" or is_personal_run(cfg)):
+        raise ConfigError("config: tuning (--tune, --tune-lr, --tune-epochs) runs on the local engine and on "
+                          "global-model methods, which have validation rows; " + (
+                              "drop --engine flower to tune, then run the chosen values there with --lr/--epochs"
+                              if engine != "local" else "the personalised path (local, fedrep, flic, toy:NAME) has "
+                              "none: drop the tuning flags"))
     if is_personal_run(cfg) and cfg.centralised:
         raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
                           "personalised runs (local, fedrep, flic, toy:NAME datasets) have no such row")
@@ -537,16 +663,19 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
 
             done = serve(engine, cfg, seeds, ds, partitions, out, progress=progress, dataset_sum=dataset_sum,
                          round_timeout=round_timeout or ROUND_TIMEOUT)
-        pooled = [torch.arange(len(ds.y_train))]  # the centralised row's one client
         for spec in cfg.methods + ([MethodSpec(CENTRALISED)] if cfg.centralised else []):
-            per_seed, tim = {}, {}
-            for s in seeds:
-                per_seed[str(s)], tim[str(s)] = done.get((spec.name, s)) or run_method(
-                    cfg, spec, s, ds, pooled if spec.name == CENTRALISED else partitions[s],
-                    out / "runs" / f"{slug(spec.name)}-seed{s}",
-                    progress=progress, dataset_sum=dataset_sum)
-            results["methods"][spec.name] = {"algorithm": spec.algorithm, "augmenter": spec.augmenter,
-                                             "seeds": per_seed, "summary": report.summarise(per_seed)}
+            entry = {"algorithm": spec.algorithm, "augmenter": spec.augmenter}
+            pooled = spec.name == CENTRALISED
+            if tuned(cfg):
+                entry["tuning"], per_seed, tim = tune_method(cfg, spec, seeds, ds, partitions, out, pooled=pooled,
+                                                             progress=progress, dataset_sum=dataset_sum)
+            else:
+                per_seed, tim = {}, {}
+                for s in seeds:
+                    per_seed[str(s)], tim[str(s)] = done.get((spec.name, s)) or run_method(
+                        cfg, spec, s, ds, partitions[s], out / "runs" / f"{slug(spec.name)}-seed{s}",
+                        progress=progress, dataset_sum=dataset_sum, pooled=pooled)
+            results["methods"][spec.name] = {**entry, "seeds": per_seed, "summary": report.summarise(per_seed)}
             timings[spec.name] = tim
         report.write_outputs(results, timings, ds, partitions[seeds[0]], out)
     except Exception:

@@ -260,7 +260,9 @@ def test_help_defaults_agree_with_runconfig():
             continue
         assert m, f"{flag}: its help does not state its default ({value!r})"
         stated = m.group(1).strip()
-        if isinstance(value, (int, float)):
+        if isinstance(value, list):  # a grid (--tune-lr): "none" for the empty list
+            assert stated == (",".join(f"{v:g}" for v in value) or "none"), f"{flag}: help says {stated}, {value}"
+        elif isinstance(value, (int, float)):
             assert float(stated) == value, f"{flag}: help says default {stated}, RunConfig.{attr} = {value}"
         else:
             assert stated == value, f"{flag}: help says default {stated}, RunConfig.{attr} = {value!r}"

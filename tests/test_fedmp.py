@@ -29,8 +29,9 @@ def blobs(tmp_path_factory):
 
 
 def _cfg(path, methods, **kw):
+    # val_fraction 0: every row of the partition trains (the tests count the rows and bytes of each client's partition)
     base = dict(dataset=str(path), rounds=3, n_clients=4, beta=0.5, batch_size=32, min_size=5, model="mlp",
-                model_params={"hidden": 16}, lr=0.2, methods=methods)
+                model_params={"hidden": 16}, lr=0.2, methods=methods, val_fraction=0.0)
     base.update(kw)
     return RunConfig(**base)
 

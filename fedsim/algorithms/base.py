@@ -86,6 +86,14 @@ class Algorithm:
     def __init__(self, **hparams):
         self.hp = merge_params(self.name, "hyper-parameter", self.defaults, hparams)
 
+    @classmethod
+    def controls(cls, hp: dict) -> list[dict]:
+        """The controls of this algorithm (hyper-parameters ``hp``, defaults merged in) for the
+        table's ``vs control`` column, in order of preference: each {"algorithm": name,
+        "algorithm_params": values it must have}, under the same augmenter (report.control_of). An
+        algorithm that only adds to FedAvg's steps has FedAvg-like controls (FedMP); none by default."""
+        return []
+
     # ------------------------------------------------------------------ client hooks
     def begin_client(self, ctx: ClientContext) -> None:
         pass

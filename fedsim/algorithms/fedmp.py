@@ -145,6 +145,18 @@ class FedMP(Algorithm):
         self.stage: dict[int, Params] = {}  # few-shot schedule: each client's own weights inside a stage
         self._round = 0  # the round being trained
 
+    @classmethod
+    def controls(cls, hp: dict) -> list[dict]:
+        """The matched-steps control (the bank and prototypes add no optimiser step): FedAvg under the
+        same schedule, i.e. FedAvg itself at stage_rounds 1, else fedmp_cpgma with its only term at
+        weight 0 and the same stage_rounds (it trains exactly as FedAvg would under the stages:
+        studies/fedmp/schedule_*.toml). That control itself has none."""
+        if (not hp["sfmc"] or hp["lam_sfmc"] == 0) and (not hp["cpgma"] or hp["lam_align"] == 0):
+            return []
+        staged = {"algorithm": "fedmp_cpgma",
+                  "algorithm_params": {"lam_align": 0.0, "stage_rounds": hp["stage_rounds"]}}
+        return ([{"algorithm": "fedavg", "algorithm_params": {}}] if hp["stage_rounds"] == 1 else []) + [staged]
+
     def _exchanges(self, r: int) -> bool:
         """Whether round r ends with an exchange (every round unless the few-shot schedule is on)."""
         return (r + 1) % self.hp["stage_rounds"] == 0

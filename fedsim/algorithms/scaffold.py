@@ -21,7 +21,7 @@ delta_c_i = c_i+ - c_i with its weights. The server moves w <- w + global_lr (av
 sample-weighted, as FedAvg) and c <- c + (|S|/N) mean_i delta_c_i. Downloads carry w and c;
 uploads w_i and delta_c_i.
 
-Which to use (benchmarks/NOTES.md section 13): where the local steps overshoot (lr 0.5 with
+Which to use (docs/history.md §13): where the local steps overshoot (lr 0.5 with
 momentum 0.9 on an mlp) "momentum" diverges, since c - c_i, a difference of last round's mean
 gradients, is replayed with the amplified strength (global loss 9e2-2e4 after 8 rounds of the toy
 problem of tests/test_algorithms.py, 13 % vs 54 % test accuracy with the mlp head at lr 1.0 on the
