@@ -172,6 +172,19 @@ def recorder(request):
     return _RECORDERS.setdefault(suite, Recorder(suite))
 
 
+@pytest.fixture(scope="module")
+def threads(request):
+    """torch's thread count for a CPU suite's module (``--threads``, default 2), restored after;
+    a suite takes it with ``pytestmark = pytest.mark.usefixtures("threads")``."""
+    import torch
+
+    n = request.config.getoption("--threads") or 2
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    yield n
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def smoke(request) -> bool:
     return request.config.getoption("--smoke")

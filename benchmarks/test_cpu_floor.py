@@ -43,17 +43,9 @@ from test_client_pipeline import N_COMPONENTS, STEPS, _per_point_gd, make_data
 
 SUITE = "cpu_floor"
 ROUNDS = int(os.environ.get("GK_BENCH_ROUNDS", "3"))  # rounds of each provider (the loop: 1)
-pytestmark = pytest.mark.skipif("native" not in gk.available_backends(),
-                                reason="geomkern._C (native backend) is not built")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def threads(request):
-    n = request.config.getoption("--threads") or 2
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    yield n
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.skipif("native" not in gk.available_backends(),
+                                 reason="geomkern._C (native backend) is not built"),
+              pytest.mark.usefixtures("threads")]
 
 
 def _timed(benchmark, group, fn):

@@ -36,15 +36,7 @@ import geomkern as gk
 
 SUITE = "cpu_peers"
 ROUNDS = int(os.environ.get("GK_BENCH_ROUNDS", "3"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def threads(request):
-    n = request.config.getoption("--threads") or 2
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    yield n
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("threads")
 
 
 def _peer(module: str):

@@ -26,6 +26,7 @@ Run: python scripts/check_figures.py [FILE.md ...]   (default: README.md and doc
 from __future__ import annotations
 
 import ast
+import argparse
 import json
 import re
 import sys
@@ -169,8 +170,15 @@ def default_files() -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="Check every figure marked with a fig marker in the "
+                                                 "README and docs (or the given files) against its file "
+                                                 "in results/ (results/manifest.json names them).")
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md, docs/**/*.md)")
+    files = parser.parse_args(argv).files or default_files()
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
     manifest = json.loads((RESULTS / "manifest.json").read_text())
-    files = [Path(a) for a in argv] or default_files()
     total, errors = 0, []
     for f in files:
         n, errs = check_text(f.read_text(), manifest, str(f.resolve().relative_to(ROOT)))

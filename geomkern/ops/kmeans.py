@@ -169,8 +169,8 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
     X: (N, D); offsets: optional int64 (m+1,) CSR boundaries; every segment needs >= k points.
     n_init: starts per segment (seeds :func:`init_seed`); each segment keeps its lowest-inertia
     run. The default 2 is measured: on 200 sets of overlapping blobs (50-300 points, D 512, k 8)
-    one start's total inertia moved by -3% to +5% against scikit-learn's with the seed, two starts
-    landed 3-7% below it, and the native CPU path stays ~4x faster than scikit-learn at one
+    one start's total inertia moved by -3% to +4% against scikit-learn's with the seed, two starts
+    landed 2.5-7% below it, and the native CPU path stays ~4x faster than scikit-learn at one
     thread (benchmarks/test_cpu_peers.py).
     Returns a :class:`KMeansResult`: it unpacks as ``labels, centers`` -- labels (N,) int64 (cluster
     id within the row's segment), centers (k, D), or (m, k, D) when offsets is given -- and has
