@@ -31,16 +31,26 @@ def cxx_standard() -> str:
     return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
 
 
-def cxx_flags():
+def native_arch(env) -> bool:
+    """GEOMKERN_NATIVE_ARCH=1: build for this machine's CPU only (-march=native), one variant of the
+    hot kernels. By default the build is portable: baseline x86-64 code plus AVX2+FMA and AVX-512F
+    variants of the hot kernels, picked at load (csrc/cpu/isa.h)."""
+    if "GEOMKERN_PORTABLE" in env:
+        print("geomkern: GEOMKERN_PORTABLE is no longer read: the default build is portable; "
+              "GEOMKERN_NATIVE_ARCH=1 builds for this machine's CPU only", file=sys.stderr)
+    return env.get("GEOMKERN_NATIVE_ARCH", "0") == "1"
+
+
+def cxx_flags(env=os.environ):
     # -ffp-contract=off: GCC fuses a*b+c into an FMA where its unrolling allows, so the pre-image
     # kernel's 1-, 2- and 4-vector tiles (picked by thread count) rounded differently on AVX2
-    # (2.4e-7 apart at b = 20); with no contraction every tile width gives the same bits.
+    # (2.4e-7 apart at b = 20); with no contraction every tile width, and every instruction-set
+    # variant, gives the same bits.
     # Measured cost: none (gd, b = 1000, S = D = 512, 1 thread: 0.739 s vs 0.736 s, interleaved).
     # -g0: no debug info in the library (the interpreter's CFLAGS carry -g: 31 MB of DWARF in _C)
     flags = ["-O3", "-fopenmp", cxx_standard(), "-ffp-contract=off", "-g0"]
-    # A source build targets the machine it runs on; GEOMKERN_PORTABLE=1 for a redistributable build.
-    if os.environ.get("GEOMKERN_PORTABLE", "0") != "1":
-        flags.append("-march=native")
+    if native_arch(env):
+        flags += ["-march=native", "-DGEOMKERN_NATIVE_ARCH"]
     return flags
 
 
@@ -102,7 +112,9 @@ def cuda_extensions():
     ]
 
 
-sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+# csrc/cpu/variants/: the AVX2+FMA and AVX-512F copies of the hot kernels (empty files in a
+# GEOMKERN_NATIVE_ARCH=1 or non-x86 build)
+sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/cpu/variants/*.cpp"))
 if __name__ == "__main__":  # pip's build backend and `python setup.py` run it as __main__
     setup(
         ext_modules=[

@@ -12,7 +12,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "geomkern native kernels (CPU C++/OpenMP)";
   m.def("devices", &devices, "device types the compiled kernels run on");
   m.def("num_threads", &geomkern::num_threads, "OpenMP threads the kernels use");
-  m.def("cpu_isa", &geomkern::cpu_isa, "widest x86 vector extension the CPU kernels were built for");
+  m.def("cpu_isa", &geomkern::cpu_isa,
+        "the instruction-set variant of the CPU kernels that runs: 'avx512f', 'avx2+fma' or 'baseline'");
+  m.def("cpu_isas", &geomkern::cpu_isas,
+        "the variants in this library, widest first (runnable_only: those this CPU supports)",
+        py::arg("runnable_only") = true);
+  m.def("select_cpu_isa", &geomkern::select_cpu_isa,
+        "run the named variant from now on (the loader calls it for GEOMKERN_CPU_ISA); ValueError "
+        "naming the variants this CPU runs if it is not one of them",
+        py::arg("isa"));
   m.def("preimage_gd", &geomkern::preimage_gd_cpu,
         "fused gradient-descent pre-image loop (all steps in one call)", py::arg("Z0"),
         py::arg("B"), py::arg("T"), py::arg("gamma"), py::arg("steps"), py::arg("lr"),
@@ -29,6 +37,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "preimage_fixed_point iterated in span(B): one S x S product per step", py::arg("Z0"),
         py::arg("B"), py::arg("A"), py::arg("gamma"), py::arg("steps"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("rbf_gram", &geomkern::rbf_gram_cpu,
+        "K(X, Y) in tiles (Y None: symmetric, from the tiles on and above the diagonal)",
+        py::arg("X"), py::arg("Y"), py::arg("gamma"), py::call_guard<py::gil_scoped_release>());
   m.def("rbf_matmul", &geomkern::rbf_matmul_cpu, "K(X, Y) V, tiled, K never stored",
         py::arg("X"), py::arg("Y"), py::arg("V"), py::arg("gamma"),
         py::call_guard<py::gil_scoped_release>());

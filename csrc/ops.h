@@ -1,28 +1,42 @@
 #pragma once
-#include <torch/extension.h>
+// ATen, not torch/extension.h: the kernel sources include this, each compiled once per
+// instruction-set variant, and ATen alone compiles in a fraction of the time (bindings:
+// geomkern.cpp).
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
 
 namespace geomkern {
 int num_threads();
-// Widest x86 vector extension the CPU kernels were compiled for (setup.py: -march=native unless
-// GEOMKERN_PORTABLE=1): "avx512f", "avx2+fma", "avx", "sse2" or "generic".
+// csrc/cpu/isa.cpp: the instruction-set variant of the hot kernels below that runs (picked at
+// load: the widest this CPU supports): "avx512f", "avx2+fma" or "baseline" (x86-64); a build
+// with GEOMKERN_NATIVE_ARCH=1 or for another architecture has one variant, named after its
+// compile-time target: "avx512f", "avx2+fma", "avx", "sse2" or "generic".
 std::string cpu_isa();
+// The variants in this library, widest first; runnable_only: those this CPU supports.
+std::vector<std::string> cpu_isas(bool runnable_only);
+// Runs the variant named isa from now on; std::invalid_argument (ValueError) naming the ones this
+// CPU runs when it is not one of them.
+void select_cpu_isa(const std::string& isa);
 
+// The hot kernels: each calls its copy in the selected variant (isa.cpp), which is defined with
+// this signature in namespace geomkern::<variant> by the source named.
 // csrc/cpu/preimage.cpp: fused pre-image loops, same math as geomkern/ops/preimage.py
 at::Tensor preimage_gd_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
                            double gamma, int64_t steps, const at::Tensor& lr);
 at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& A,
                                     double gamma, int64_t steps);
-// Shared argument checks of the pre-image entry points (Z0 (b, D), B (S, D), C (b, S), one dtype).
-void check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B,
-                           const at::Tensor& C, const char* cname);
 // csrc/cpu/preimage_span.cpp: the same two loops iterated in span(z0, B) (one S x S product per
 // step instead of two S x D ones; the native default where S <= D)
 at::Tensor preimage_gd_span_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
                                 double gamma, int64_t steps, const at::Tensor& lr);
 at::Tensor preimage_fixed_point_span_cpu(const at::Tensor& Z0, const at::Tensor& B,
                                          const at::Tensor& A, double gamma, int64_t steps);
-// csrc/cpu/rbf.cpp: K(X, Y) V tiled, K never stored
+// csrc/cpu/rbf.cpp: K(X, Y) V tiled, K never stored; and K(X, Y) itself (Y None: the symmetric
+// K(X, X) from the tiles on and above its diagonal), tiles in one parallel region
 at::Tensor rbf_matmul_cpu(const at::Tensor& X, const at::Tensor& Y, const at::Tensor& V, double gamma);
+at::Tensor rbf_gram_cpu(const at::Tensor& X, const c10::optional<at::Tensor>& Y, double gamma);
 // csrc/cpu/kmeans.cpp: greedy k-means++ per set (one splitmix64 stream per seed and set), and
 // Lloyd per set from given centres, each set stopping on its own;
 // returns labels (N,), centers (m, k, D), assignment passes per set (m,) and the inertia per set

@@ -10,12 +10,15 @@ Dispatch: ``resolve(op, device_type)`` says which backend an op runs on, ``regis
 lists the dispatched ops and their backends, ``why_not(backend, device_type=None)`` says why a
 backend cannot run here, or on that device type ("" when it can): e.g. ``why_not("native", "cuda")``
 where geomkern was not compiled with CUDA. A compiled extension that exists but does not load is
-reported once, by a warning at the first op that ``auto`` would have run on it.
+reported once, by a warning at the first op that ``auto`` would have run on it. ``cpu_isa()``
+names the instruction-set variant of the native CPU kernels that runs (picked at load from the
+CPU; ``GEOMKERN_CPU_ISA`` forces one).
 """
 from ._dispatch import available_backends, get_backend, registered_ops, resolve, set_backend, why_not
 from .ops.kmeans import KMeansResult, kmeans
 from .ops.kpca import KPCAFit, kpca, kpca_transform, project_onto_basis
 from . import backends  # noqa: F401  (declares the fast backends to the dispatcher)
+from .backends.native import cpu_isa
 from .ops.eigh import eigh
 from .ops.gaussian_w2 import bures, gaussian_barycenter, gaussian_w2, sqrtm_psd
 from .ops.moments import class_moments, pool_moments
@@ -25,8 +28,8 @@ from .ops.rbf import median_gamma, rbf_gram, rbf_matmul
 __version__ = "0.1.0"
 
 __all__ = [
-    "KMeansResult", "KPCAFit", "available_backends", "bures", "class_moments", "eigh", "gaussian_barycenter",
-    "gaussian_w2", "get_backend", "kmeans", "kpca", "sqrtm_psd",
+    "KMeansResult", "KPCAFit", "available_backends", "bures", "class_moments", "cpu_isa", "eigh",
+    "gaussian_barycenter", "gaussian_w2", "get_backend", "kmeans", "kpca", "sqrtm_psd",
     "kpca_transform", "median_gamma", "pool_moments", "registered_ops", "preimage", "preimage_loss",
     "project_onto_basis", "rbf_gram", "rbf_matmul", "resolve", "set_backend", "why_not",
 ]

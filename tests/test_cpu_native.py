@@ -3,7 +3,11 @@ and bad inputs: the span-form pre-image (gd and fixed point), the tiled rbf_matm
 per-set Lloyd kernel of the batched K-Means."""
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,6 +133,47 @@ def test_native_rbf_matmul_signed_V_and_empty():
     assert err <= TOL[torch.float64] * np.linalg.norm(K) * np.linalg.norm(V.numpy())
     assert native._C.rbf_matmul(X[:0], Y, V, 0.15).shape == (0, 3)
     assert torch.equal(native._C.rbf_matmul(X, Y[:0], V[:0], 0.15), torch.zeros(200, 3, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------------------------- rbf_gram
+@pytest.mark.parametrize("n,m,D", [(1, 1, 1), (5, 3, 2), (129, 1025, 3), (300, 7, 33), (1100, 1031, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_native_rbf_gram_matches_float64_and_is_thread_independent(n, m, D, dtype):
+    """Tiles of 128 x 1,024 around every edge: the symmetric Gram exactly symmetric with a unit
+    diagonal, the cross Gram, both against float64 on an offset cloud (after the common shift, as
+    gk.rbf_gram calls it) and with the same bits at 1 and 2 threads (one thread per tile)."""
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, D, generator=gen, dtype=torch.float64) + 3.0
+    Y = torch.randn(m, D, generator=gen, dtype=torch.float64) + 3.0
+    g, where = 0.7 / D, f"seed={seed} n={n} m={m} D={D}"
+    outs = []
+    for threads in (1, 2):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with gk.set_backend("native"):
+                outs.append((gk.rbf_gram(X.to(dtype), gamma=g), gk.rbf_gram(X.to(dtype), Y.to(dtype), gamma=g)))
+        finally:
+            torch.set_num_threads(before)
+    (K, KY), (K2, KY2) = outs
+    assert torch.equal(K, K2) and torch.equal(KY, KY2), f"{where}: bits depend on the thread count"
+    assert torch.equal(K, K.T) and torch.equal(K.diagonal(), torch.ones(n, dtype=dtype)), where
+    assert_close_rel(K, rbf_kernel(X.numpy(), gamma=g), TOL[dtype], where)
+    assert_close_rel(KY, rbf_kernel(X.numpy(), Y.numpy(), gamma=g), TOL[dtype], where)
+
+
+def test_native_rbf_gram_rejects_bad_inputs_and_takes_empty():
+    C = native._C
+    X = torch.randn(5, 3)
+    with pytest.raises(TypeError, match="share one dtype"):
+        C.rbf_gram(X, X.double(), 0.5)
+    with pytest.raises(ValueError, match="D"):
+        C.rbf_gram(X, torch.randn(4, 2), 0.5)
+    with pytest.raises(ValueError, match="gamma"):
+        C.rbf_gram(X, None, 0.0)
+    assert C.rbf_gram(X[:0], None, 0.5).shape == (0, 0)
+    assert C.rbf_gram(X, X[:0], 0.5).shape == (5, 0)
 
 
 def test_native_rbf_matmul_rejects_bad_inputs():
@@ -283,3 +328,105 @@ def test_native_lloyd_rejects_bad_inputs():
         C.kmeanspp(X, off, 0, 0)
     with pytest.raises(TypeError, match="float32 or float64"):
         C.kmeanspp(X.int(), off, 2, 0)
+
+
+# ---------------------------------------------------------------------- instruction-set variants
+# A portable build holds the hot kernels three times (baseline x86-64, AVX2+FMA, AVX-512F;
+# csrc/cpu/isa.h), picked at load. Every variant computes the same bits: the pre-image kernels'
+# sums run per point in one order whatever the vector width (as for their tile widths), kmeans'
+# dot products keep a fixed number of partial sums, rbf_matmul's exp is per lane and its products
+# are torch's, and nothing is contracted into an FMA (-ffp-contract=off).
+
+def _variant_outputs(seed):
+    """Every hot kernel's outputs on odd and ragged inputs drawn from seed, under the selected variant."""
+    C, out = native._C, {}
+    for dtype in (torch.float32, torch.float64):
+        for shape in SPAN_SHAPES + [(257, 13, 29)]:
+            for method in ("gd", "fixed_point"):
+                args, _ = _span_args(shape, method, dtype, seed, 25)
+                for name in (f"preimage_{method}", f"preimage_{method}_span"):
+                    out[f"{name} {dtype} {shape}"] = getattr(C, name)(*args)
+        for sizes, k, D in (([7], 7, 3), ([33, 5, 257, 9], 5, 17), ([50, 301, 120], 8, 70)):
+            gen = torch.Generator().manual_seed(seed)
+            # no blobs: close calls between centres
+            X = torch.randn(sum(sizes), D, generator=gen, dtype=torch.float64).to(dtype)
+            off = torch.tensor([0] + list(np.cumsum(sizes)), dtype=torch.int64)
+            init = C.kmeanspp(X, off, k, seed)
+            out[f"kmeanspp {dtype} {sizes}"] = init
+            for name, t in zip(("labels", "centers", "passes", "inertia"), C.kmeans_lloyd(X, off, init, 20)):
+                out[f"kmeans_lloyd {name} {dtype} {sizes}"] = t
+        for n, m, D, p in RBF_SHAPES:
+            gen = torch.Generator().manual_seed(seed)
+            X, Y = (torch.randn(r, D, generator=gen, dtype=torch.float64).to(dtype) for r in (n, m))
+            V = torch.randn(m, p, generator=gen, dtype=torch.float64).to(dtype)
+            out[f"rbf_matmul {dtype} {(n, m, D, p)}"] = C.rbf_matmul(X, Y, V, 0.7 / D)
+            out[f"rbf_gram {dtype} {(n, m, D)}"] = C.rbf_gram(X, Y, 0.7 / D)
+            out[f"rbf_gram sym {dtype} {(n, D)}"] = C.rbf_gram(X, None, 0.7 / D)
+    return out
+
+
+def test_every_cpu_isa_variant_computes_the_same_bits():
+    C = native._C
+    variants = C.cpu_isas()
+    if len(variants) < 2:
+        pytest.skip(f"this CPU runs one variant of geomkern._C only ({variants})")
+    seed = secrets.randbits(31)
+    before = C.cpu_isa()
+    try:
+        outs = {}
+        for isa in variants:
+            C.select_cpu_isa(isa)
+            assert gk.cpu_isa() == isa
+            outs[isa] = _variant_outputs(seed)
+    finally:
+        C.select_cpu_isa(before)
+    first, want = variants[0], outs[variants[0]]
+    for isa in variants[1:]:
+        differ = [key for key, t in outs[isa].items() if not torch.equal(t, want[key])]
+        assert not differ, f"seed={seed}: {isa} differs from {first} in {differ}"
+
+
+def test_cpu_isa_names_the_running_variant():
+    C = native._C
+    assert gk.cpu_isa() == C.cpu_isa() == C.cpu_isas()[0], "the widest variant the CPU runs is the default"
+    assert set(C.cpu_isas()) <= set(C.cpu_isas(runnable_only=False))
+    with pytest.raises(ValueError, match=r"'avx' is not a variant of this build .*this CPU runs: "):
+        C.select_cpu_isa("avx")
+    lacking = [v for v in C.cpu_isas(runnable_only=False) if v not in C.cpu_isas()]
+    for isa in lacking:  # a CPU without AVX-512 (or AVX2): refused, the variant in use kept
+        with pytest.raises(ValueError, match=f"'{isa}' needs instructions this CPU does not have"):
+            C.select_cpu_isa(isa)
+        assert gk.cpu_isa() == C.cpu_isas()[0]
+
+
+def _python_env(code, **env):
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1], env={**os.environ, **env})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def test_geomkern_cpu_isa_env_picks_the_variant_at_load():
+    """GEOMKERN_CPU_ISA=baseline runs the baseline variant, which auto does not prefer over the
+    reference (measured slower: native.auto_devices); a name the library lacks leaves the native
+    CPU backend unavailable: the reason is in why_not, in set_backend('native')'s error and in
+    auto's warning at the first op it would have run natively."""
+    if "baseline" in native._C.cpu_isas():  # not in a GEOMKERN_NATIVE_ARCH=1 build
+        code = ("import geomkern as gk; print(gk.cpu_isa()); print(gk.resolve('preimage', 'cpu')); "
+                "print(gk.resolve('kmeans', 'cpu'))")
+        assert _python_env(code, GEOMKERN_CPU_ISA="baseline").split() == ["baseline", "reference", "native"]
+    code = """if True:
+        import warnings, torch, geomkern as gk
+        print(gk.cpu_isa()); print('why:', gk.why_not('native', 'cpu'))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            gk.kmeans(torch.randn(9, 2), 2)
+        print('warned:', *[str(w.message) for w in caught])
+        try:
+            gk.set_backend('native')
+        except RuntimeError as e:
+            print('refused:', e)"""
+    out = _python_env(code, GEOMKERN_CPU_ISA="avx9", GEOMKERN_BACKEND="auto").splitlines()
+    assert out[0] == "None", out
+    for line in out[1:]:
+        assert "GEOMKERN_CPU_ISA='avx9' is refused: 'avx9' is not a variant of this build" in line, out

@@ -131,3 +131,45 @@ def test_native_library_carries_no_debug_info():
         pytest.skip("geomkern._C is not built here, or readelf is missing")
     sections = subprocess.run(["readelf", "-S", "-W", str(lib)], capture_output=True, text=True).stdout
     assert ".debug_info" not in sections, f"{lib.name} has DWARF debug info ({lib.stat().st_size} bytes)"
+
+
+def test_default_build_is_portable_and_native_arch_is_opt_in():
+    """The default build targets baseline x86-64 (the AVX2/AVX-512 kernels are variants picked at
+    load); GEOMKERN_NATIVE_ARCH=1 builds for the build machine's CPU. Both keep -ffp-contract=off
+    (every variant and tile width computes the same bits) and -g0."""
+    setup = _setup_module()
+    portable, native = setup.cxx_flags({}), setup.cxx_flags({"GEOMKERN_NATIVE_ARCH": "1"})
+    assert not any(f.startswith("-march") for f in portable), portable
+    assert "-march=native" in native and "-DGEOMKERN_NATIVE_ARCH" in native, native
+    for flags in (portable, native):
+        assert "-ffp-contract=off" in flags and "-g0" in flags, flags
+
+
+def test_only_the_isa_variants_hold_avx_code():
+    """In a portable build every function that uses an AVX instruction (VEX/EVEX: a v-mnemonic,
+    ymm/zmm or mask registers) belongs to the AVX2 or AVX-512 variant (csrc/cpu/isa.h), so the
+    library loads and runs its baseline code on any x86-64 CPU. An inline function of a C++ or
+    ATen header compiled inside a variant's target region would show up here."""
+    import shutil
+    from geomkern.backends import native
+    lib = next((ROOT / "geomkern").glob("_C.*.so"), None)
+    if lib is None or native._C is None or shutil.which("objdump") is None:
+        pytest.skip("geomkern._C is not built and loaded here, or objdump is missing")
+    if "baseline" not in native._C.cpu_isas(runnable_only=False):
+        pytest.skip("built with GEOMKERN_NATIVE_ARCH=1 or not for x86-64: one variant, no baseline")
+    dump = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", str(lib)], capture_output=True,
+                          text=True, check=True).stdout
+    avx = re.compile(r"^\s+[0-9a-f]+:\s+(v[a-z0-9]+\s|.*%[yz]mm|.*%k[0-7])")
+    variant = re.compile(r"geomkern::isa_(avx2|avx512f)::")
+    where, offending, variant_fns = None, set(), 0
+    for line in dump.splitlines():
+        if line.endswith(">:"):
+            where = line
+        elif where is not None and avx.match(line):
+            if variant.search(where):
+                variant_fns += 1
+            else:
+                offending.add(where)
+            where = None  # one hit per function is enough
+    assert variant_fns > 0, "no AVX code found at all: is this the portable build?"
+    assert not offending, f"AVX code outside the ISA variants: {sorted(offending)[:5]}"

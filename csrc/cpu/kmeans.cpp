@@ -20,28 +20,36 @@
 #include "simd.h"
 
 namespace geomkern {
+namespace GEOMKERN_ISA_NS {
 namespace {
 
 using namespace simd;
 
+// The sums below keep a fixed number of partial sums whatever the vector width (128 bytes of
+// lanes for dot, 64 for sqdist: 1-8 vectors) and add them in one fixed order, so every
+// instruction-set variant (csrc/cpu/isa.h) computes the same bits; with AVX-512 this is the
+// order of one or two full-width accumulators.
 template <typename T>
 T dot(const T* __restrict x, const T* __restrict y, int64_t D) {
   using V = vec_t<T>;
   constexpr int L = kVecBytes / sizeof(T);
-  V acc[2] = {};
+  constexpr int NV = 128 / kVecBytes;  // vectors of partial sums
+  V acc[NV] = {};
   int64_t d = 0;
-  for (; d + 2 * L <= D; d += 2 * L) {
-    V a0, a1, b0, b1;
-    __builtin_memcpy(&a0, x + d, sizeof(V));
-    __builtin_memcpy(&b0, y + d, sizeof(V));
-    __builtin_memcpy(&a1, x + d + L, sizeof(V));
-    __builtin_memcpy(&b1, y + d + L, sizeof(V));
-    acc[0] += a0 * b0;
-    acc[1] += a1 * b1;
+  for (; d + NV * L <= D; d += NV * L) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      V a, b;
+      __builtin_memcpy(&a, x + d + v * L, sizeof(V));
+      __builtin_memcpy(&b, y + d + v * L, sizeof(V));
+      acc[v] += a * b;
+    }
   }
-  const V s = acc[0] + acc[1];
-  T out = 0;
-  for (int l = 0; l < L; ++l) out += s[l];
+  T out = 0;  // partial sum i plus partial sum i + NV L / 2, then those in the order of i
+  for (int v = 0; v < NV / 2; ++v) {
+    const V s = acc[v] + acc[v + NV / 2];
+    for (int l = 0; l < L; ++l) out += s[l];
+  }
   for (; d < D; ++d) out += x[d] * y[d];
   return out;
 }
@@ -50,17 +58,22 @@ template <typename T>
 double sqdist(const T* __restrict x, const T* __restrict y, int64_t D) {
   using V = vec_t<T>;
   constexpr int L = kVecBytes / sizeof(T);
-  V acc{};
+  constexpr int NV = 64 / kVecBytes;
+  V acc[NV] = {};
   int64_t d = 0;
-  for (; d + L <= D; d += L) {
-    V a, b;
-    __builtin_memcpy(&a, x + d, sizeof(V));
-    __builtin_memcpy(&b, y + d, sizeof(V));
-    const V e = a - b;
-    acc += e * e;
+  for (; d + NV * L <= D; d += NV * L) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      V a, b;
+      __builtin_memcpy(&a, x + d + v * L, sizeof(V));
+      __builtin_memcpy(&b, y + d + v * L, sizeof(V));
+      const V e = a - b;
+      acc[v] += e * e;
+    }
   }
   double out = 0;
-  for (int l = 0; l < L; ++l) out += double(acc[l]);
+  for (int v = 0; v < NV; ++v)
+    for (int l = 0; l < L; ++l) out += double(acc[v][l]);
   for (; d < D; ++d) out += double(x[d] - y[d]) * double(x[d] - y[d]);
   return out;
 }
@@ -258,4 +271,5 @@ std::vector<at::Tensor> kmeans_lloyd_cpu(const at::Tensor& X_, const at::Tensor&
   return {labels, centers, passes, inertia};
 }
 
+}  // namespace GEOMKERN_ISA_NS
 }  // namespace geomkern

@@ -15,7 +15,8 @@
 // Each element of B read in the inner loop is broadcast to all PV*L points of the tile, so B
 // (packed once per call into the two panel orders the phases read sequentially) streams from
 // L2/L3 while the tile's iterate, W and targets (S x P and D x P) stay in L2. The inner loops
-// use GCC/Clang vector extensions, so they compile to AVX-512, AVX2 or SSE as -march allows.
+// use GCC/Clang vector extensions, so they compile to AVX-512, AVX2 or SSE: this file is compiled
+// once per instruction-set variant (csrc/cpu/isa.h).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "simd.h"
 
 namespace geomkern {
+namespace GEOMKERN_ISA_NS {
 namespace {
 
 using namespace simd;      // csrc/cpu/simd.h: vector types, splat, panel_product, run_tiles
@@ -177,8 +179,8 @@ struct PreimageKernel {
 
 }  // namespace
 
-void check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B,
-                           const at::Tensor& C, const char* cname) {
+void preimage::check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B,
+                                     const at::Tensor& C, const char* cname) {
   TORCH_CHECK_VALUE(Z0.device().is_cpu() && B.device().is_cpu() && C.device().is_cpu(), op,
                     ": the native CPU kernel takes CPU tensors (Z0, B, ", cname, ")");
   TORCH_CHECK_TYPE(Z0.scalar_type() == at::kFloat || Z0.scalar_type() == at::kDouble, op,
@@ -207,4 +209,5 @@ at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0, const at::Tensor& B, c
                                                        steps, nullptr);
 }
 
+}  // namespace GEOMKERN_ISA_NS
 }  // namespace geomkern

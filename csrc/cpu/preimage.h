@@ -11,12 +11,18 @@
 #include <vector>
 
 #include "ops.h"
-#include "simd.h"
+#include "simd.h"  // last: the instruction-set region starts here (isa.h)
 
 namespace geomkern {
+namespace GEOMKERN_ISA_NS {
 namespace preimage {
 
 enum class Method { GD, FixedPoint };
+
+// Shared argument checks of the pre-image entry points (Z0 (b, D), B (S, D), C (b, S), one dtype);
+// preimage.cpp.
+void check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B,
+                           const at::Tensor& C, const char* cname);
 
 // One call's inputs, contiguous, as the entry point hands them to a kernel.
 template <typename T>
@@ -109,4 +115,5 @@ inline V weight(V d2, V neg_gamma, V c) {
 }
 
 }  // namespace preimage
+}  // namespace GEOMKERN_ISA_NS
 }  // namespace geomkern

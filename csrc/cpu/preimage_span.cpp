@@ -22,6 +22,7 @@
 #include "simd.h"
 
 namespace geomkern {
+namespace GEOMKERN_ISA_NS {
 namespace {
 
 using namespace simd;
@@ -187,4 +188,5 @@ at::Tensor preimage_fixed_point_span_cpu(const at::Tensor& Z0, const at::Tensor&
                                                    steps, nullptr);
 }
 
+}  // namespace GEOMKERN_ISA_NS
 }  // namespace geomkern

@@ -9,12 +9,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
-#include <ATen/ATen.h>  // not ops.h (torch/extension.h): ATen alone compiles in a fraction of the time
+#include "ops.h"
 #include "simd.h"
 
 namespace geomkern {
+namespace GEOMKERN_ISA_NS {
 namespace {
 
 using namespace simd;
@@ -39,12 +41,12 @@ std::vector<T> row_norms(const T* A, int64_t n, int64_t D) {
 }
 
 template <typename T>
-void kernel_tile(T* tile, int64_t rows, int64_t cols, const T* xx, const T* yy, T gamma) {
+void kernel_tile(T* tile, int64_t rows, int64_t cols, int64_t ld, const T* xx, const T* yy, T gamma) {
   using V = vec_t<T>;
   constexpr int L = kVecBytes / sizeof(T);
   const V neg_gamma = splat<V>(-gamma);
   for (int64_t i = 0; i < rows; ++i) {
-    T* r = tile + i * cols;
+    T* r = tile + i * ld;  // ld: the row stride (cols for a tile buffer, m for a view of the output)
     const V xi = splat<V>(xx[i]);
     int64_t j = 0;
     for (; j + L <= cols; j += L) {
@@ -107,7 +109,7 @@ at::Tensor rbf_matmul_cpu(const at::Tensor& X_, const at::Tensor& Y_, const at::
           at::Tensor Kt = cols == tile.size(1) ? tile.narrow(0, 0, rows)  // contiguous rows
                                                 : at::empty({rows, cols}, X.options());
           at::mm_out(Kt, Xb, Y.narrow(0, c0, cols).t());
-          kernel_tile<T>(Kt.data_ptr<T>(), rows, cols, xx.data() + r0, yy.data() + c0, g);
+          kernel_tile<T>(Kt.data_ptr<T>(), rows, cols, cols, xx.data() + r0, yy.data() + c0, g);
           ob.addmm_(Kt, V.narrow(0, c0, cols));
         }
       }
@@ -116,4 +118,70 @@ at::Tensor rbf_matmul_cpu(const at::Tensor& X_, const at::Tensor& Y_, const at::
   return out;
 }
 
+// rbf_gram on the CPU: K = exp(-gamma max(|x_i|^2 + |y_j|^2 - 2<x_i, y_j>, 0)) in kRows x kCols
+// tiles, one parallel region for the whole matrix (a tile's dot GEMM, its kernel values and its
+// store run on one thread: no barrier per step, so a loaded machine costs little, and the bits do
+// not depend on the thread count). The cross Gram computes each tile in place in K; Y empty: the
+// symmetric Gram, only the tiles on and above the diagonal, in a tile buffer, copied up and
+// mirrored below it: exactly symmetric with a unit diagonal.
+at::Tensor rbf_gram_cpu(const at::Tensor& X_, const c10::optional<at::Tensor>& Y_opt, double gamma) {
+  TORCH_CHECK_VALUE(X_.device().is_cpu(), "rbf_gram: the native CPU kernel takes CPU tensors");
+  TORCH_CHECK_TYPE(X_.scalar_type() == at::kFloat || X_.scalar_type() == at::kDouble,
+                   "rbf_gram: X must be float32 or float64, got ", X_.scalar_type());
+  TORCH_CHECK_VALUE(X_.dim() == 2, "rbf_gram: X must be 2-D");
+  TORCH_CHECK_VALUE(gamma > 0, "rbf_gram: gamma must be > 0, got ", gamma);
+  const bool sym = !Y_opt.has_value();
+  auto X = X_.contiguous();
+  at::Tensor Y = sym ? X : Y_opt->contiguous();
+  TORCH_CHECK_TYPE(Y.scalar_type() == X.scalar_type(), "rbf_gram: X and Y must share one dtype");
+  TORCH_CHECK_VALUE(Y.dim() == 2 && Y.size(1) == X.size(1), "rbf_gram: Y must be (m, D) with X's D");
+  const int64_t n = X.size(0), m = Y.size(0), D = X.size(1);
+  auto K = at::empty({n, m}, X.options());
+  if (n == 0 || m == 0) return K;
+  const int64_t rb = (n + kRows - 1) / kRows, cb = (m + kCols - 1) / kCols;
+  // the tiles to compute: (row block, column block) with, when symmetric, columns from the row
+  // block's first row on (tile widths differ from heights, so a column block may straddle it)
+  std::vector<std::pair<int64_t, int64_t>> tiles;
+  for (int64_t i = 0; i < rb; ++i)
+    for (int64_t j = 0; j < cb; ++j)
+      if (!sym || (j + 1) * kCols > i * kRows) tiles.emplace_back(i, j);
+  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "rbf_gram_cpu", [&] {
+    using T = scalar_t;
+    const auto xx = row_norms(X.data_ptr<T>(), n, D);
+    const auto yy = sym ? xx : row_norms(Y.data_ptr<T>(), m, D);
+    const T g = static_cast<T>(gamma);
+    T* k = K.data_ptr<T>();
+    at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t lo, int64_t hi) {
+      auto tile = at::empty({kRows, kCols}, X.options());
+      for (int64_t t = lo; t < hi; ++t) {
+        const int64_t r0 = tiles[t].first * kRows, rows = std::min(kRows, n - r0);
+        const int64_t c0 = tiles[t].second * kCols, cols = std::min(kCols, m - c0);
+        if (!sym) {  // straight into the output: its rows are the tile's, stride m
+          at::Tensor Kt = K.narrow(0, r0, rows).narrow(1, c0, cols);
+          at::mm_out(Kt, X.narrow(0, r0, rows), Y.narrow(0, c0, cols).t());
+          kernel_tile<T>(Kt.data_ptr<T>(), rows, cols, Kt.stride(0), xx.data() + r0, yy.data() + c0, g);
+          continue;
+        }
+        at::Tensor Kt = tile.narrow(0, 0, rows).narrow(1, 0, cols);
+        if (cols != kCols) Kt = at::empty({rows, cols}, X.options());
+        at::mm_out(Kt, X.narrow(0, r0, rows), Y.narrow(0, c0, cols).t());
+        kernel_tile<T>(Kt.data_ptr<T>(), rows, cols, cols, xx.data() + r0, yy.data() + c0, g);
+        T* src = Kt.data_ptr<T>();
+        for (int64_t i = 0; i < rows; ++i) {  // the tile's part on and above the diagonal
+          const int64_t gi = r0 + i;
+          if (gi >= c0 && gi < c0 + cols) src[i * cols + (gi - c0)] = T(1);  // exp(0) exactly
+          const int64_t j0 = std::max<int64_t>(0, gi - c0);
+          if (j0 < cols) std::copy(src + i * cols + j0, src + (i + 1) * cols, k + gi * m + c0 + j0);
+        }
+        for (int64_t j = 0; j < cols; ++j) {  // and its mirror below the diagonal, row by row
+          const int64_t gj = c0 + j;
+          for (int64_t i = 0; i < rows && r0 + i < gj; ++i) k[gj * m + r0 + i] = src[i * cols + j];
+        }
+      }
+    });
+  });
+  return K;
+}
+
+}  // namespace GEOMKERN_ISA_NS
 }  // namespace geomkern

@@ -1,24 +1,24 @@
 // SIMD building blocks shared by the CPU kernels (csrc/cpu/*.cpp): GCC/Clang vector types as
-// wide as -march allows, a broadcast, an exp accurate to ~1 ulp, and the register-blocked
-// panel product every kernel's inner loop is.
+// wide as the instruction-set variant being compiled allows (csrc/cpu/isa.h), a broadcast, an exp
+// accurate to ~1 ulp, and the register-blocked panel product every kernel's inner loop is.
+// Include it after every external header: it opens the variant's target region.
 #pragma once
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <type_traits>
 #include <vector>
 
+#include "isa_target.h"
+
 namespace geomkern {
+namespace GEOMKERN_ISA_NS {
 namespace simd {
 
-#if defined(__AVX512F__)
-constexpr int kVecBytes = 64;
-#elif defined(__AVX__)
-constexpr int kVecBytes = 32;
-#else
-constexpr int kVecBytes = 16;
-#endif
+constexpr int kVecBytes = GEOMKERN_VEC_BYTES;  // isa_target.h: 64 AVX-512, 32 AVX, else 16
 
 typedef float vf_t __attribute__((vector_size(kVecBytes)));
 typedef double vd_t __attribute__((vector_size(kVecBytes)));
@@ -122,11 +122,7 @@ inline void panel_product(const T* __restrict pan, const vec_t<T>* __restrict X,
 // the 2-vector one). kNB is the same for every width, so the order of every sum, hence the
 // result, does not depend on the tile width chosen, i.e. on the thread count.
 constexpr int kNB = 6;
-#if defined(__AVX512F__)
-constexpr int kWide = 4;
-#else
-constexpr int kWide = 2;
-#endif
+constexpr int kWide = kVecBytes == 64 ? 4 : 2;
 
 // The tile width PV (kWide, 2 or 1) for b points of type T on nthreads threads: the cost of the
 // slowest thread in point-lanes; a narrower tile must save over 10% to be used.
@@ -158,6 +154,20 @@ inline void dispatch_width(int64_t b, int64_t nthreads, F&& f) {
   }
 }
 
+// n zeroed vectors, kVecBytes-aligned. Not std::vector<V>: its allocator is a template from outside
+// the target region (isa.h), where g++ 12 takes V's alignment for 16 bytes and allocates with the
+// plain operator new; the AVX kernels' aligned loads from such scratch fault.
+struct AlignedDelete {
+  void operator()(void* p) const { ::operator delete(p, std::align_val_t(kVecBytes)); }
+};
+template <typename V>
+std::unique_ptr<V[], AlignedDelete> zeroed_vectors(size_t n) {
+  std::unique_ptr<V[], AlignedDelete> out(
+      static_cast<V*>(::operator new(n * sizeof(V), std::align_val_t(kVecBytes))));
+  for (size_t i = 0; i < n; ++i) out[i] = V{};
+  return out;
+}
+
 // The tile loop of the pre-image kernels: body(t, scratch) for every tile t < ntiles, tiles handed
 // out one at a time (schedule(dynamic, 1)) to min(nt, ntiles) threads, each with its own
 // per_thread vectors of zeroed scratch. Which thread runs a tile does not change its result.
@@ -165,14 +175,15 @@ template <typename V, typename Body>
 inline void run_tiles(int64_t ntiles, int nt, int64_t per_thread, Body&& body) {
   const int nthreads = static_cast<int>(std::min<int64_t>(nt, ntiles));
   // Allocated here, not inside the parallel region, so a failed allocation throws normally.
-  std::vector<V> scratch(static_cast<size_t>(per_thread * nthreads), V{});
+  const auto scratch = zeroed_vectors<V>(static_cast<size_t>(per_thread * nthreads));
 #pragma omp parallel num_threads(nthreads)
   {
-    V* mine = scratch.data() + per_thread * omp_get_thread_num();
+    V* mine = scratch.get() + per_thread * omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntiles; ++t) body(t, mine);
   }
 }
 
 }  // namespace simd
+}  // namespace GEOMKERN_ISA_NS
 }  // namespace geomkern

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from .. import _dispatch, _library, _validate
-from .rbf import gram_reference
 
 METHODS = ("gd", "fixed_point", "coordinates")
 # Points per chunk in the reference so (chunk, S) and (chunk, d, D) work arrays stay bounded.
@@ -24,9 +23,10 @@ _CHUNK = 4096
 
 
 def _kernel(Z: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:
-    """K(Z, B): the reference cross Gram (shifted by B's mean), so at Z = x it has the bits of
-    ``gk.rbf_gram(x, B)`` on the CPU, from which fedmc's coordinate targets are made."""
-    return gram_reference(Z, B, gamma, False)
+    """K(Z, B) through the dispatched rbf_gram (shifted by B's mean), so at Z = x it has the bits
+    of ``gk.rbf_gram(x, B)``, from which fedmc's coordinate targets are made."""
+    return _dispatch.implementation("rbf_gram", Z.device.type)(Z, B, gamma, False,
+                                                               precision=_validate.DEFAULT_PRECISION)
 
 
 def default_gd_lr(Z0: torch.Tensor, B: torch.Tensor, gamma: float) -> torch.Tensor:

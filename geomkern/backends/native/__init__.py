@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import torch
 
 from ... import _dispatch
 from ...ops.eigh import sign_fix
-from ...ops.rbf import shift_rows
+from ...ops.rbf import double_center_, shift_rows
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # geomkern/, where setup.py puts the extensions
 _BUILD_CPU = ("it is built by setup.py: reinstall from the source tree with "
@@ -73,9 +74,26 @@ def _load(name: str, kernels: str, build: str, not_built: str | None = None) -> 
                                 f"rebuild it for this environment: {build}", True)
 
 
+def _select_cpu_isa(ext: _Extension, isa: str) -> _Extension:
+    """geomkern._C running the instruction-set variant ``isa`` (GEOMKERN_CPU_ISA; "" keeps the widest
+    the CPU runs, which the library picks at load), or unavailable, saying why, if it has no such
+    variant or the CPU cannot run it."""
+    if ext.module is None or not isa:
+        return ext
+    try:
+        ext.module.select_cpu_isa(isa)
+    except ValueError as exc:
+        return _Extension(None, f"the native CPU kernels are unavailable: GEOMKERN_CPU_ISA={isa!r} is "
+                                f"refused: {exc}; unset GEOMKERN_CPU_ISA to run the widest variant this CPU "
+                                "supports", True)
+    return ext
+
+
 def _find() -> tuple[_Extension, _Extension]:
-    """geomkern._C and geomkern._C_cuda as this process finds them."""
-    return (_load("_C", "the native CPU kernels", _BUILD_CPU),
+    """geomkern._C (on the variant GEOMKERN_CPU_ISA names, if set) and geomkern._C_cuda as this
+    process finds them."""
+    return (_select_cpu_isa(_load("_C", "the native CPU kernels", _BUILD_CPU),
+                            os.environ.get("GEOMKERN_CPU_ISA", "").strip()),
             _load("_C_cuda", "the native CUDA kernels", _BUILD_CUDA,
                   not_built="geomkern was not compiled with CUDA"))
 
@@ -95,6 +113,15 @@ def why_not(device_type: str | None = None) -> str:
     if device_type == "cuda":
         return _CUDA.why_not
     return f"the native backend has kernels for cpu and cuda tensors only, not {device_type}"
+
+
+def cpu_isa() -> str | None:
+    """The instruction-set variant of the native CPU kernels that runs here: "avx512f", "avx2+fma"
+    or "baseline" (x86-64, no AVX), the widest this CPU supports unless GEOMKERN_CPU_ISA names
+    another; a build with GEOMKERN_NATIVE_ARCH=1 (-march=native) reports the target it was compiled
+    for ("avx512f", "avx2+fma", "avx", "sse2", or "generic" off x86). None where geomkern._C is
+    not loaded (``gk.why_not("native", "cpu")`` says why). Every variant computes the same bits."""
+    return _C.cpu_isa() if _C is not None else None
 
 
 def broken(device_type: str) -> bool:
@@ -175,6 +202,21 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
         # (on the common shift, as every backend's distances: math note 10)
         table["rbf_matmul"] = {"cpu": lambda X, Y, V, gamma, precision=None:
                                C.rbf_matmul(*shift_rows(X, Y, by=Y), V, float(gamma))}
+
+        def rbf_gram(X, Y, gamma, center, precision=None):
+            # tiles in one parallel region (csrc/cpu/rbf.cpp), on the reference's common shift;
+            # float16/bfloat16 computed in float32, as the reference does
+            Xc = X if X.dtype in (torch.float32, torch.float64) else X.float()
+            if Y is None:
+                K = C.rbf_gram(shift_rows(Xc)[0], None, float(gamma))
+                if center:
+                    double_center_(K)
+            else:
+                Yc = Y if Y.dtype in (torch.float32, torch.float64) else Y.float()
+                K = C.rbf_gram(*shift_rows(Xc, Yc, by=Yc), float(gamma))
+            return K.to(X.dtype)
+
+        table["rbf_gram"] = {"cpu": rbf_gram}
     if C_cuda is not None:
         def eigh(A: torch.Tensor, k: int):  # batched Jacobi (csrc/cuda/eigh.cu)
             w, V, info = C_cuda.eigh(A, eigh_tol(A.dtype, A.shape[-1]), MAX_SWEEPS)
@@ -194,11 +236,11 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
 def auto_devices(C) -> dict[str, tuple[str, ...]]:
     """device type -> ops on which auto prefers the native kernel (measured wins only).
 
-    The CPU kernels only beat torch (MKL picks AVX2/AVX-512 at run time) when compiled for
-    AVX2+FMA or wider: built without (GEOMKERN_PORTABLE=1 on x86-64) the pre-image kernel measured
-    2.3x (float64) to 3.3x (float32) slower on one core than the AVX2/AVX-512 builds, slower than
-    the reference. With AVX-512 (2-core AMD EPYC, b = 5000, S = D = 512, 100 steps) both methods
-    measured 1.3-1.6x faster than the reference. C None (not loaded): the order of a fast build,
+    The CPU kernels only beat torch (MKL picks AVX2/AVX-512 at run time) on their AVX2+FMA or
+    AVX-512F variant (:func:`cpu_isa`): the baseline x86-64 variant of the pre-image kernel
+    measured 2.3x (float64) to 3.3x (float32) slower on one core than the AVX2/AVX-512 builds,
+    slower than the reference. With AVX-512 (2-core AMD EPYC, b = 5000, S = D = 512, 100 steps)
+    both methods measured 1.3-1.6x faster than the reference. C None (not loaded): the order of a fast build,
     so that auto's fallback from kernels it would have used is reported (see the module notes)."""
     fast_cpu = C is None or C.cpu_isa() in ("avx512f", "avx2+fma")
     # kmeans (greedy k-means++ and Lloyd per set, threads over sets): 200 sets of 50-300 points,
@@ -207,8 +249,12 @@ def auto_devices(C) -> dict[str, tuple[str, ...]]:
     # than the reference's for a seed. rbf_matmul (tiles, K never stored): 1.33x the torch
     # reference at 8,192^2 x 512 with memory O((n + m)(D + p)) plus a tile per thread; the
     # matrix-free kpca it serves detects an all-identical cluster directly (its rows' sums run in
-    # tile order, so K V has no bit-equal rows to rely on).
-    cpu = ("kmeans",) + (("preimage_gd", "preimage_fixed_point", "rbf_matmul") if fast_cpu else ())
+    # tile order, so K V has no bit-equal rows to rely on). rbf_gram (tiles in one parallel
+    # region): 4,096 x 512 float32 against torch cdist + exp, interleaved, AVX-512: symmetric
+    # 0.72x torch's time at 2 threads (the reference's blocks 0.81x), cross 4,096 x 2,048 0.97x
+    # (1.12x); beside a busy process 0.64x and 0.90x, where the reference's ~130 small parallel
+    # ops fell to 1.43x and 1.35x (one barrier each on a loaded machine).
+    cpu = ("kmeans",) + (("preimage_gd", "preimage_fixed_point", "rbf_matmul", "rbf_gram") if fast_cpu else ())
     return {"cpu": cpu}
 
 
