@@ -1,17 +1,11 @@
-// Python bindings for geomkern._C. Kernels live in csrc/cpu/ (and csrc/cuda/ later); this file
-// only declares and binds them.
+// Python bindings for geomkern._C. Kernels live in csrc/cpu/ (the CUDA ones, geomkern._C_cuda, in
+// csrc/cuda/ with their bindings in csrc/cuda_bindings/); this file only binds them.
 #include <torch/extension.h>
 
 #include "ops.h"
 
-static std::vector<std::string> devices() {
-  return {"cpu"};
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "geomkern native kernels (CPU C++/OpenMP)";
-  m.def("devices", &devices, "device types the compiled kernels run on");
-  m.def("num_threads", &geomkern::num_threads, "OpenMP threads the kernels use");
   m.def("cpu_isa", &geomkern::cpu_isa,
         "the instruction-set variant of the CPU kernels that runs: 'avx512f', 'avx2+fma' or 'baseline'");
   m.def("cpu_isas", &geomkern::cpu_isas,

@@ -8,7 +8,6 @@
 #include <vector>
 
 namespace geomkern {
-int num_threads();
 // csrc/cpu/isa.cpp: the instruction-set variant of the hot kernels below that runs (picked at
 // load: the widest this CPU supports): "avx512f", "avx2+fma" or "baseline" (x86-64); a build
 // with GEOMKERN_NATIVE_ARCH=1 or for another architecture has one variant, named after its

@@ -107,13 +107,10 @@ at::Tensor preimage_gd(const at::Tensor& Z0, const at::Tensor& B, const at::Tens
   return out;
 }
 
-std::vector<std::string> devices() { return {"cuda"}; }
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "geomkern native kernels (CUDA C++)";
-  m.def("devices", &devices, "device types the compiled kernels run on");
   m.def("eigh", &eigh,
         "batched symmetric eigen-decomposition (parallel Jacobi, one block per matrix): "
         "eigenvalues descending, eigenvectors, info (sweeps used, -1 = not converged)",

@@ -218,15 +218,3 @@ def class_matrix(parts: list[torch.Tensor], labels, n_classes: int) -> np.ndarra
     y = torch.as_tensor(labels)
     return np.stack([torch.bincount(y[p], minlength=n_classes).numpy() for p in parts])
 
-
-def summary_table(parts, labels, n_classes: int, domains=None) -> str:
-    M = class_matrix(parts, labels, n_classes)
-    lines = [f"{'client':>6} {'samples':>8} {'classes':>8} {'top class share':>16}" +
-             (f" {'domains':>8}" if domains is not None else "")]
-    for k, row in enumerate(M):
-        top = row.max() / max(row.sum(), 1)
-        line = f"{k:>6} {row.sum():>8} {(row > 0).sum():>8} {top:>16.2f}"
-        if domains is not None:
-            line += f" {sorted(set(torch.as_tensor(domains)[parts[k]].tolist()))!s:>8}"
-        lines.append(line)
-    return "\n".join(lines)
