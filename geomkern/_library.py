@@ -2,8 +2,9 @@
 
 Each public function with a compiled path (``rbf_gram``, ``rbf_matmul``, ``kmeans``,
 ``kpca_transform``, ``preimage``) is a thin wrapper: it checks what can be checked without
-reading tensor values (types, gradients, scalar arguments) and calls its operator, whose body is
-the function as it runs eagerly (every value check, then the dispatched backend). The operator
+reading tensor values (types and gradients, ``_validate.tensor_arg``; the scalar arguments) and
+calls its operator, whose body is the function as it runs eagerly (every value check, then the
+dispatched backend). The operator
 has a fake (meta) implementation that only computes output shapes, so ``torch.compile`` traces
 through a call without a graph break and runs the body at run time, checks included. Eager calls
 run the body directly (:class:`Op`).
@@ -42,14 +43,3 @@ def op(name: str, schema: str, fake: Callable):
         return Op(fn, custom)
     return register
 
-
-def tensor_arg(name: str, t) -> torch.Tensor:
-    """The checks a wrapper makes before its operator: a tensor that needs no gradient (the
-    operator's body checks rank, dtype and values)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
-                        f"wrap arrays with torch.as_tensor({name})")
-    if t.requires_grad:
-        raise ValueError(f"{name} requires grad, but geomkern's ops are not differentiable (their "
-                         f"results would carry no gradient); pass {name}.detach()")
-    return t

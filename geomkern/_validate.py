@@ -15,9 +15,7 @@ def tensor(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = Fals
            allow_empty: bool = False, finite: bool = True, differentiable: bool = False) -> torch.Tensor:
     """A floating tensor of the given rank(s), finite, made contiguous. Tensors that require grad
     are refused unless the op is ``differentiable`` (then the checks read ``t.detach()``)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
-                        f"wrap arrays with torch.as_tensor({name})")
+    tensor_arg(name, t, differentiable=differentiable)
     ranks = (ndim,) if isinstance(ndim, int) else ndim
     if t.dim() not in ranks:
         want = " or ".join(str(r) for r in ranks)
@@ -29,12 +27,21 @@ def tensor(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = Fals
                         f"{names} (convert with {name}.float() or {name}.double())")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); it needs at least one row")
-    if t.requires_grad and not differentiable:
-        raise ValueError(f"{name} requires grad, but geomkern's ops are not differentiable (their "
-                         f"results would carry no gradient); pass {name}.detach()")
     if finite and t.numel():
         _finite_and_in_range(name, t.detach())
     return t.contiguous()
+
+
+def tensor_arg(name: str, t, *, differentiable: bool = False) -> torch.Tensor:
+    """A torch.Tensor that needs no gradient unless the op is ``differentiable``: the checks that
+    read no tensor values (a custom operator's wrapper makes these, its body the rest)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; "
+                        f"wrap arrays with torch.as_tensor({name})")
+    if t.requires_grad and not differentiable:
+        raise ValueError(f"{name} requires grad, but geomkern's ops are not differentiable (their "
+                         f"results would carry no gradient); pass {name}.detach()")
+    return t
 
 
 def symmetric(name: str, A: torch.Tensor) -> None:

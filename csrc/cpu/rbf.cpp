@@ -152,7 +152,8 @@ at::Tensor rbf_gram_cpu(const at::Tensor& X_, const c10::optional<at::Tensor>& Y
     const T g = static_cast<T>(gamma);
     T* k = K.data_ptr<T>();
     at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t lo, int64_t hi) {
-      auto tile = at::empty({kRows, kCols}, X.options());
+      at::Tensor tile;  // the symmetric Gram's tile buffer (the cross Gram's tiles are in K)
+      if (sym) tile = at::empty({kRows, kCols}, X.options());
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t r0 = tiles[t].first * kRows, rows = std::min(kRows, n - r0);
         const int64_t c0 = tiles[t].second * kCols, cols = std::min(kCols, m - c0);

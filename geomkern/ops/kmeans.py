@@ -178,7 +178,7 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
     given seed and device, at any thread count. A torch custom operator
     (``torch.ops.geomkern.kmeans``): traces under torch.compile.
     """
-    X = _library.tensor_arg("X", X)
+    X = _validate.tensor_arg("X", X)
     if offsets is not None and not isinstance(offsets, torch.Tensor):
         _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)  # says how
     labels, centers, inertia = _kmeans_op(

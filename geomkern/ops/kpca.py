@@ -453,7 +453,7 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
     cluster's components score Z is the caller's choice). Returns (b, d).
     A torch custom operator (``torch.ops.geomkern.kpca_transform``): traces under torch.compile.
     """
-    Z, X = _library.tensor_arg("Z", Z), _library.tensor_arg("X", X)
+    Z, X = _validate.tensor_arg("Z", Z), _validate.tensor_arg("X", X)
     if not isinstance(fit, KPCAFit):
         raise TypeError(f"fit must be the KPCAFit returned by gk.kpca, got {type(fit).__name__}")
     seg_int = None

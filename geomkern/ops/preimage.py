@@ -245,8 +245,8 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
     if factor is not None and not isinstance(factor, torch.Tensor):
         raise ValueError("factor must be the float64 Cholesky factor (a tensor) from "
                          "fixed_point_factor(B, gamma, ridge)")
-    Z0, B, targets = (_library.tensor_arg(n, t) for n, t in (("Z0", Z0), ("B", B), ("targets", targets)))
-    proj = None if proj is None else _library.tensor_arg("proj", proj)
+    Z0, B, targets = (_validate.tensor_arg(n, t) for n, t in (("Z0", Z0), ("B", B), ("targets", targets)))
+    proj = None if proj is None else _validate.tensor_arg("proj", proj)
     lr_value = None
     if lr is not None and not isinstance(lr, torch.Tensor):
         lr_value, lr = _validate.finite_positive("lr", lr), None

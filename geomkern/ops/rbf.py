@@ -70,8 +70,9 @@ def shift_rows(*tensors: torch.Tensor, by: torch.Tensor | None = None) -> list[t
 # Rows per block of the reference Gram. Each block's GEMM output gets its clamp and exp while it
 # is still in cache, and the symmetric Gram computes only the blocks from the diagonal on and
 # mirrors them: half the GEMM and half the exps of the full matrix. 4,096 x 512 float32 at 2
-# threads measured 84 ms against torch cdist + exp's 142 ms (benchmarks/test_cpu_peers.py);
-# blocks of 128-512 rows measured the same within 5%. For kpca's Grams (Gram, centring and the
+# threads measured 84 ms against torch cdist + exp's 142 ms on a quiet machine (blocks of 128-512
+# rows within 5%), but 1.43x torch's time beside a busy process (an OpenMP barrier per op): the
+# CPU default is the native kernel, one parallel region (geomkern/backends/native, history §20). For kpca's Grams (Gram, centring and the
 # copy into the bucket of one 1,750-point cluster, D 512, 1 thread, busy machine, minimum of 7
 # interleaved): the full GEMM then symmetrise, centre and copy 265 ms; upper-triangle blocks
 # straight into the slot 138 ms (128 rows), 144 (256), 147 (384), 171 (512). 256: near the best
@@ -115,22 +116,35 @@ def sym_gram_into(out: torch.Tensor, Xs: torch.Tensor, gamma: float) -> torch.Te
     return out
 
 
-def gram_reference(X, Y, gamma: float, center: bool, *, precision: str | None = None) -> torch.Tensor:
+def gram_on_shift(X, Y, gamma: float, center: bool, sym, cross) -> torch.Tensor:
+    """What every CPU Gram does around its builder: float16/bfloat16 computed in float32, the
+    common shift (the rows' mean; Y's mean for K(X, Y)), ``sym(Xs, gamma)`` or ``cross(Xs, Ys,
+    gamma)`` for the matrix, the double centring in place, the result in X's dtype."""
     compute = X if X.dtype in _validate.FLOAT_DTYPES else X.float()
     if Y is None:
-        (Xs,) = shift_rows(compute)
-        K = sym_gram_into(torch.empty(Xs.shape[0], Xs.shape[0], dtype=Xs.dtype, device=Xs.device),
-                          Xs, gamma)
+        K = sym(shift_rows(compute)[0], gamma)
         if center:
             double_center_(K)
     else:
         Yc = Y if Y.dtype in _validate.FLOAT_DTYPES else Y.float()
-        Xs, Ys = shift_rows(compute, Yc, by=Yc)  # (batch invariance: see shift_rows)
-        xx, yy = (Xs * Xs).sum(1), (Ys * Ys).sum(1)
-        K = torch.empty(Xs.shape[0], Ys.shape[0], dtype=Xs.dtype, device=Xs.device)
-        for a, b in _row_blocks(Xs.shape[0]):
-            _rbf_rows(K[a:b], Xs[a:b], Ys, xx[a:b], yy, gamma)
+        K = cross(*shift_rows(compute, Yc, by=Yc), gamma)  # (batch invariance: see shift_rows)
     return K.to(X.dtype)
+
+
+def _sym_gram(Xs: torch.Tensor, gamma: float) -> torch.Tensor:
+    return sym_gram_into(torch.empty(Xs.shape[0], Xs.shape[0], dtype=Xs.dtype, device=Xs.device), Xs, gamma)
+
+
+def _cross_gram(Xs: torch.Tensor, Ys: torch.Tensor, gamma: float) -> torch.Tensor:
+    xx, yy = (Xs * Xs).sum(1), (Ys * Ys).sum(1)
+    K = torch.empty(Xs.shape[0], Ys.shape[0], dtype=Xs.dtype, device=Xs.device)
+    for a, b in _row_blocks(Xs.shape[0]):
+        _rbf_rows(K[a:b], Xs[a:b], Ys, xx[a:b], yy, gamma)
+    return K
+
+
+def gram_reference(X, Y, gamma: float, center: bool, *, precision: str | None = None) -> torch.Tensor:
+    return gram_on_shift(X, Y, gamma, center, _sym_gram, _cross_gram)
 
 
 def double_center(K: torch.Tensor) -> torch.Tensor:
@@ -193,8 +207,8 @@ def rbf_gram(X: torch.Tensor, Y: torch.Tensor | None = None, *, gamma: float,
     precision: how float32 dots run on tensor-core backends (geomkern._validate.PRECISIONS).
     A torch custom operator (``torch.ops.geomkern.rbf_gram``): traces under torch.compile.
     """
-    X = _library.tensor_arg("X", X)
-    Y = None if Y is None else _library.tensor_arg("Y", Y)
+    X = _validate.tensor_arg("X", X)
+    Y = None if Y is None else _validate.tensor_arg("Y", Y)
     return _rbf_gram_op(X, Y, _validate.gamma(gamma), bool(center), _validate.precision(precision))
 
 
@@ -221,7 +235,7 @@ def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: floa
     X: (n, D), Y: (m, D), V: (m, p) -> (n, p). precision: as for :func:`rbf_gram`.
     A torch custom operator (``torch.ops.geomkern.rbf_matmul``): traces under torch.compile.
     """
-    X, Y, V = (_library.tensor_arg(n, t) for n, t in (("X", X), ("Y", Y), ("V", V)))
+    X, Y, V = (_validate.tensor_arg(n, t) for n, t in (("X", X), ("Y", Y), ("V", V)))
     return _rbf_matmul_op(X, Y, V, _validate.gamma(gamma), _validate.precision(precision))
 
 

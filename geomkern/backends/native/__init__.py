@@ -31,7 +31,7 @@ import torch
 
 from ... import _dispatch
 from ...ops.eigh import sign_fix
-from ...ops.rbf import double_center_, shift_rows
+from ...ops.rbf import gram_on_shift, shift_rows
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # geomkern/, where setup.py puts the extensions
 _BUILD_CPU = ("it is built by setup.py: reinstall from the source tree with "
@@ -203,20 +203,9 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
         table["rbf_matmul"] = {"cpu": lambda X, Y, V, gamma, precision=None:
                                C.rbf_matmul(*shift_rows(X, Y, by=Y), V, float(gamma))}
 
-        def rbf_gram(X, Y, gamma, center, precision=None):
-            # tiles in one parallel region (csrc/cpu/rbf.cpp), on the reference's common shift;
-            # float16/bfloat16 computed in float32, as the reference does
-            Xc = X if X.dtype in (torch.float32, torch.float64) else X.float()
-            if Y is None:
-                K = C.rbf_gram(shift_rows(Xc)[0], None, float(gamma))
-                if center:
-                    double_center_(K)
-            else:
-                Yc = Y if Y.dtype in (torch.float32, torch.float64) else Y.float()
-                K = C.rbf_gram(*shift_rows(Xc, Yc, by=Yc), float(gamma))
-            return K.to(X.dtype)
-
-        table["rbf_gram"] = {"cpu": rbf_gram}
+        # tiles in one parallel region (csrc/cpu/rbf.cpp), around them what every CPU Gram does
+        table["rbf_gram"] = {"cpu": lambda X, Y, gamma, center, precision=None: gram_on_shift(
+            X, Y, float(gamma), center, lambda Xs, g: C.rbf_gram(Xs, None, g), C.rbf_gram)}
     if C_cuda is not None:
         def eigh(A: torch.Tensor, k: int):  # batched Jacobi (csrc/cuda/eigh.cu)
             w, V, info = C_cuda.eigh(A, eigh_tol(A.dtype, A.shape[-1]), MAX_SWEEPS)
