@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,10 +150,11 @@ def test_launch_check_runs(tmp_path):
 
 
 
-# (b, S, D): the native CPU test's shapes, plus sizes that need 16 (float32) or 8 (float64)
-# points per block to fit shared memory, and a large batch.
+# (b, S, D): the native CPU test's shapes, plus a size that needs 16 (float32) and 8 (float64)
+# points per block to fit shared memory (227 KB on an H100: S = D = 1300 takes 194 KB and 221 KB;
+# at 1500 float64 fits no block, test_preimage_too_large_raises), and a large batch.
 PREIMAGE_SHAPES = [(1, 1, 1), (1, 33, 257), (7, 7, 33), (7, 33, 1), (33, 1, 7), (33, 7, 257),
-                   (33, 33, 7), (257, 33, 33), (257, 7, 1), (257, 1, 257), (70, 1500, 1500),
+                   (33, 33, 7), (257, 33, 33), (257, 7, 1), (257, 1, 257), (70, 1300, 1300),
                    (5000, 512, 512)]
 
 
@@ -177,11 +179,34 @@ def test_preimage_gd_matches_float64_reference(seed, shape, dtype):
 @pytest.mark.gpu
 @needs_ext
 def test_preimage_too_large_raises(seed):
-    Z0 = torch.randn(2, 40000, device="cuda")
-    B = torch.randn(3, 40000, device="cuda")
-    with pytest.raises(RuntimeError, match="shared memory"):
-        native_cuda._C_cuda.preimage_gd(Z0, B, torch.rand(2, 3, device="cuda"), 1e-4, 2,
-                                        torch.ones(2, device="cuda"))
+    """float64 at S = D = 1500 fits no block (8 points need 242 KB): a clear error through the
+    public op, said by the Python wrapper (an H100 ended the process with a segmentation fault
+    where the binding threw it, GPU session 9)."""
+    assert native_cuda._C_cuda.preimage_gd_points(1300, 1300, True, 0) == 8
+    assert native_cuda._C_cuda.preimage_gd_points(1500, 1500, True, 0) == 0
+    Z0, B, T, gamma = preimage_problem(3, 1500, 1500, seed)
+    Z0, B, T = (x.to("cuda", torch.float64) for x in (Z0, B, T))
+    with gk.set_backend("native"), pytest.raises(RuntimeError, match="shared memory.*'triton'"):
+        gk.preimage(Z0, B, T, gamma=gamma, method="gd", steps=2, lr=default_gd_lr(Z0, B, gamma))
+
+
+@pytest.mark.gpu
+@needs_ext
+def test_preimage_binding_refuses_too_large_without_crashing():
+    """The binding's own check (D = 40,000 float32), in a child process: where it threw with a
+    device guard in scope an H100 crashed the whole test run (GPU session 9)."""
+    code = ("import torch, geomkern\n"
+            "from geomkern.backends import native\n"
+            "Z0 = torch.randn(2, 40000, device='cuda'); B = torch.randn(3, 40000, device='cuda')\n"
+            "try:\n"
+            "    native._C_cuda.preimage_gd(Z0, B, torch.rand(2, 3, device='cuda'), 1e-4, 2,\n"
+            "                               torch.ones(2, device='cuda'))\n"
+            "except RuntimeError as e:\n"
+            "    print('raised:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert "raised:" in proc.stdout and "shared memory" in proc.stdout, proc.stdout
 
 
 # --------------------------------------------------------------- CPU: registration with a stand-in
@@ -196,6 +221,9 @@ class _FakeCExtension:
         self.calls.append("eigh")
         n = A.shape[-1]
         return torch.arange(n, 0, -1.0), torch.eye(n), torch.zeros(1, dtype=torch.int32)
+
+    def preimage_gd_points(self, S, D, is_double, device):
+        return 0 if S + D > 10000 else 16
 
     def preimage_gd(self, *args):
         self.calls.append("preimage_gd")
@@ -259,7 +287,12 @@ def test_registration_routes_cuda_tensors(registered_with_fake_cuda):
         assert _dispatch.resolve("eigh", "cuda") == "native"
         w, V = _dispatch.implementation("eigh", "cuda")(torch.zeros(3, 3), 2)
         assert torch.equal(w, torch.tensor([3.0, 2.0])) and V.shape == (3, 2)
-        assert _dispatch.implementation("preimage_gd", "cuda")(None, None, None, 1.0, 1, None) == "cuda-result"
+        gd = _dispatch.implementation("preimage_gd", "cuda")
+        assert gd(torch.zeros(2, 3), torch.zeros(4, 3), None, 1.0, 1, None) == "cuda-result"
+        # a problem the kernel's shared memory cannot hold: the wrapper says so, the kernel is
+        # not called
+        with pytest.raises(RuntimeError, match="S = 20000, D = 3 in torch.float32 exceed.*'triton'"):
+            gd(torch.zeros(2, 3), torch.zeros(20000, 3), None, 1.0, 1, None)
         # a native CPU op without a CUDA kernel sends CUDA tensors to the reference
         assert _dispatch.resolve("preimage_fixed_point", "cuda") == "reference"
     with gk.set_backend("auto"):  # no GPU benchmark yet: auto never prefers a CUDA kernel

@@ -71,6 +71,18 @@ std::vector<at::Tensor> eigh(const at::Tensor& A, double tol, int64_t max_sweeps
   return {w, V, info};
 }
 
+// Points per block the pre-image kernel takes for (S, D) in float32 or float64 on CUDA device
+// ``device``: 32, 16 or 8, 0 where even 8 do not fit its shared memory, -1 if the device could
+// not be queried. Never throws.
+int64_t preimage_gd_points(int64_t S, int64_t D, bool is_double, int64_t device) {
+  if (S < 1 || D < 1) return -1;
+  int points = -1;
+  const c10::cuda::OptionalCUDAGuard guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  const cudaError_t err = is_double ? geomkern::cuda::preimage_gd_tile_points<double>(S, D, &points)
+                                    : geomkern::cuda::preimage_gd_tile_points<float>(S, D, &points);
+  return err == cudaSuccess ? points : -1;
+}
+
 // Same signature and math as geomkern.ops.preimage.gd_reference.
 at::Tensor preimage_gd(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T, double gamma,
                        int64_t steps, const at::Tensor& lr) {
@@ -87,17 +99,22 @@ at::Tensor preimage_gd(const at::Tensor& Z0, const at::Tensor& B, const at::Tens
   TORCH_CHECK(lr.dim() == 1 && lr.size(0) == b, "lr must have shape (", b, "), got ", lr.sizes());
   TORCH_CHECK(gamma > 0, "gamma must be > 0, got ", gamma);
   TORCH_CHECK(steps >= 0, "steps must be >= 0, got ", steps);
+  // Whether the problem fits shared memory, before anything is allocated or launched, and thrown
+  // only once no device guard is alive: on an H100 this check threw with the CUDAGuard below in
+  // scope and the process died with a segmentation fault (GPU session 9, twice: float32 at
+  // D = 40,000 and float64 at S = D = 1,500). The Python wrapper asks preimage_gd_points first
+  // (geomkern/backends/native), so through gk.preimage this throw is not reached.
+  const int points = preimage_gd_points(S, D, Z0.scalar_type() == at::kDouble, Z0.device().index());
+  TORCH_CHECK(points >= 0, "geomkern._C_cuda.preimage_gd: could not query the device's shared memory");
+  TORCH_CHECK(points > 0, "the CUDA pre-image kernel keeps 8 points' iterate and weights (8 (S + D) "
+              "elements) in shared memory, which S = ", S, ", D = ", D, " in ", Z0.scalar_type(),
+              " exceed on this device; use backend 'triton' or 'reference' for this problem");
   at::Tensor out = at::empty_like(Z0);
   if (b == 0) return out;
 
   const c10::cuda::CUDAGuard guard(Z0.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(Z0.device().index()).stream();
   AT_DISPATCH_FLOATING_TYPES(Z0.scalar_type(), "preimage_gd", [&] {
-    int points = 0;
-    check_launch(geomkern::cuda::preimage_gd_tile_points<scalar_t>(S, D, &points), "preimage_gd_tile_points");
-    TORCH_CHECK(points > 0, "the CUDA pre-image kernel keeps 8 points' iterate and weights (8 (S + D) "
-                "elements) in shared memory, which S = ", S, ", D = ", D, " exceed on this device; "
-                "use backend 'triton' or 'reference' for this problem");
     check_launch(geomkern::cuda::preimage_gd<scalar_t>(
                      Z0.data_ptr<scalar_t>(), B.data_ptr<scalar_t>(), T.data_ptr<scalar_t>(),
                      lr.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), b, S, D,
@@ -115,6 +132,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "batched symmetric eigen-decomposition (parallel Jacobi, one block per matrix): "
         "eigenvalues descending, eigenvectors, info (sweeps used, -1 = not converged)",
         py::arg("A"), py::arg("tol"), py::arg("max_sweeps"), py::call_guard<py::gil_scoped_release>());
+  m.def("preimage_gd_points", &preimage_gd_points,
+        "points per block of the CUDA pre-image kernel for (S, D): 32, 16 or 8; 0 when none fits "
+        "shared memory; -1 when the device cannot be queried", py::arg("S"), py::arg("D"),
+        py::arg("is_double"), py::arg("device"));
   m.def("preimage_gd", &preimage_gd,
         "fused gradient-descent pre-image loop (all steps in one launch)", py::arg("Z0"), py::arg("B"),
         py::arg("T"), py::arg("gamma"), py::arg("steps"), py::arg("lr"),

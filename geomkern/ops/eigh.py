@@ -42,9 +42,21 @@ def top_eigenpairs(vals: torch.Tensor, vecs: torch.Tensor, k: int):
     return vals.flip(-1)[..., :k], sign_fix(vecs.flip(-1)[..., :k])
 
 
-def eigh_reference(A, k):
+def full_eigh(A: torch.Tensor):
+    """torch.linalg.eigh (ascending) as geomkern's solves call it: on one thread on CPU
+    (:func:`thread_independent`), and float32 on CUDA solved in float64 and rounded back. torch's
+    float32 CUDA eigh (cuSOLVER) was ~100x less accurate than LAPACK's on an H100 (GPU session
+    9, benchmarks/gpu_findings.py): the top eigenvalue of a 70 x 70 centred RBF Gram 1.5-1.9e-5
+    off the float64 one, against 1-5e-7 from the CPU's float32 solve of the same matrix."""
+    if A.is_cuda and A.dtype == torch.float32:
+        vals, vecs = torch.linalg.eigh(A.double())
+        return vals.float(), vecs.float()
     with thread_independent(A.device):
-        vals, vecs = torch.linalg.eigh(A)
+        return torch.linalg.eigh(A)
+
+
+def eigh_reference(A, k):
+    vals, vecs = full_eigh(A)
     return top_eigenpairs(vals, vecs, k)
 
 

@@ -28,12 +28,24 @@ def _bsqdist(P, C, PP=None):
     return d2.clamp_min_(0.0)
 
 
+def _draw(weights, num: int, gen: torch.Generator):
+    """(m, num) indices drawn with replacement from each row of the non-negative (m, n) weights
+    (each row with a positive sum), by inverse CDF on float64 uniforms from the CPU generator
+    ``gen``: one seed picks the same points on every device and for float32 or float64 data, up
+    to roundoff of the cumulative sums (torch.multinomial on CUDA draws from another stream, and
+    differently for float32 and float64 weights: on an H100 the same seed gave permuted labels)."""
+    u = torch.rand(weights.shape[0], num, generator=gen, dtype=torch.float64).to(weights.device)
+    cdf = weights.double().cumsum(1)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)  # first index whose cdf passes u
+    return idx.clamp_max_(weights.shape[1] - 1)
+
+
 def _kmeanspp(Xp, mask, k: int, gen: torch.Generator):
     """Greedy k-means++ (2 + ln k candidates per step, keep the one that lowers the potential most)."""
     m, n, D = Xp.shape
     ar = torch.arange(m, device=Xp.device)
     weights = mask.to(Xp.dtype)
-    first = torch.multinomial(weights, 1, generator=gen).squeeze(1)
+    first = _draw(weights, 1, gen).squeeze(1)
     centers = Xp.new_empty(m, k, D)
     centers[:, 0] = Xp[ar, first]
     PP = (Xp * Xp).sum(-1, keepdim=True)  # once, not per candidate round: a pass over all points
@@ -43,7 +55,7 @@ def _kmeanspp(Xp, mask, k: int, gen: torch.Generator):
         total = closest.sum(1, keepdim=True)
         # All remaining points coincide with chosen centres: draw uniformly among real points.
         probs = torch.where(total > 0, closest, weights)
-        cand = torch.multinomial(probs, n_local, replacement=True, generator=gen)  # (m, L)
+        cand = _draw(probs, n_local, gen)  # (m, L)
         cand_pts = Xp[ar.unsqueeze(1), cand]  # (m, L, D)
         d_cand = _bsqdist(Xp, cand_pts, PP).transpose(1, 2)  # (m, L, n)
         new_closest = torch.minimum(closest.unsqueeze(1), d_cand) * weights.unsqueeze(1)
@@ -67,7 +79,7 @@ def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
     Returns labels (N,), centres (m, k, D) and each segment's inertia (m,) float64."""
     off = offsets.tolist()
     m, D = len(off) - 1, X.shape[1]
-    gen = torch.Generator(device=X.device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # on the CPU for every device: see _draw
     labels_out = torch.empty(X.shape[0], dtype=torch.int64, device=X.device)
     centers_out = X.new_empty(m, k, D)
     inertia_out = torch.empty(m, dtype=torch.float64, device=X.device)
@@ -175,7 +187,9 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
     Returns a :class:`KMeansResult`: it unpacks as ``labels, centers`` -- labels (N,) int64 (cluster
     id within the row's segment), centers (k, D), or (m, k, D) when offsets is given -- and has
     ``.inertia``: float64, a 0-dim tensor, or (m,) per segment with offsets. Deterministic for a
-    given seed and device, at any thread count. A torch custom operator
+    given seed and backend, at any thread count: the reference and Triton paths draw their
+    k-means++ starts from one CPU generator, so a seed picks the same starts on CPU and CUDA
+    (the native CPU kernel has its own generator). A torch custom operator
     (``torch.ops.geomkern.kmeans``): traces under torch.compile.
     """
     X = _validate.tensor_arg("X", X)

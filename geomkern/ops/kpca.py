@@ -14,7 +14,7 @@ import torch
 
 from .. import _dispatch, _library, _validate
 from ._segments import buckets
-from .eigh import sign_fix, thread_independent
+from .eigh import full_eigh, sign_fix, thread_independent
 from .rbf import _sqdist, double_center, gram_reference, sym_gram_into, thread_independent_mm
 
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
@@ -84,8 +84,7 @@ def dense_top(Kc: torch.Tensor, d: int):
     (LAPACK ?syevx for the top d only measured 1.5-2.9x faster than torch's full eigh in
     isolation at n = 175-300, but slower inside kpca: scipy's OpenBLAS threads and torch's
     OpenMP threads contend, see benchmarks/NOTES.md. So: torch.)"""
-    with thread_independent(Kc.device):
-        mu, U = torch.linalg.eigh(Kc)  # ascending
+    mu, U = full_eigh(Kc)  # ascending
     return mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
 
 

@@ -217,8 +217,18 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
             return w[..., :k], sign_fix(V[..., :k])  # the kernel sorts descending
 
         table.setdefault("eigh", {})["cuda"] = eigh
-        table.setdefault("preimage_gd", {})["cuda"] = lambda Z0, B, T, gamma, steps, lr, precision=None: \
-            C_cuda.preimage_gd(Z0, B, T, float(gamma), int(steps), lr)
+        def preimage_gd(Z0, B, T, gamma, steps, lr, precision=None):  # csrc/cuda/preimage.cu
+            S, D = B.shape
+            points = C_cuda.preimage_gd_points(S, D, Z0.dtype == torch.float64, Z0.device.index or 0)
+            if points <= 0:  # said here, before the kernel's own check (see cuda_ops.cpp)
+                why = ("the CUDA pre-image kernel keeps 8 points' iterate and weights (8 (S + D) "
+                       f"elements) in shared memory, which S = {S}, D = {D} in {Z0.dtype} exceed on "
+                       "this device" if points == 0 else
+                       "geomkern CUDA pre-image: could not query the device's shared memory")
+                raise RuntimeError(why + "; use backend 'triton' or 'reference' for this problem")
+            return C_cuda.preimage_gd(Z0, B, T, float(gamma), int(steps), lr)
+
+        table.setdefault("preimage_gd", {})["cuda"] = preimage_gd
     return table
 
 

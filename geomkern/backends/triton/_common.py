@@ -76,13 +76,20 @@ def dot_precision(dtype: torch.dtype, precision: str) -> str:
 
 
 @triton.jit
+def _tf32_round(x):
+    """x (float32) rounded to nearest on TF32's 10 mantissa bits (integer add of half an ulp, then
+    the low 13 bits cleared; a carry into the exponent is the correct rounding)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _tf32_split(x):
     """x = hi + lo exactly: hi = x rounded to nearest on TF32's 10 mantissa bits (integer add of
     half an ulp, then the low 13 bits cleared; a carry into the exponent is the correct rounding),
     lo = x - hi (|lo| <= 2^-11 |x|, exact in float32). The tensor core truncates lo to TF32 too,
     so a product loses about 2^-22 relative: far below float32 accumulation error."""
-    bits = x.to(tl.uint32, bitcast=True)
-    hi = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    hi = _tf32_round(x)
     return hi, x - hi
 
 
@@ -106,6 +113,17 @@ def mma(a, b, acc, PRECISION: tl.constexpr):
         step = tl.dot(a_hi, b_lo, step, input_precision="tf32", out_dtype=acc.dtype)
         step = tl.dot(a_hi, b_hi, step, input_precision="tf32", out_dtype=acc.dtype)
         return acc + step
+    elif PRECISION == "tf32":
+        # One TF32 product of operands rounded here (to nearest) into a fresh accumulator, as
+        # one of the split scheme's three. tl.dot(input_precision="tf32") straight on the loaded
+        # tiles was wrong on an H100 under triton 3.6 (GPU session 9, benchmarks/gpu_findings.py):
+        # 1.1e-1 relative on a 300 x D64 Gram and 3.3e-1 on the cross Gram, against the 2.3e-4
+        # that TF32 operands give, changing with the tile shape (64 x 64, 4 warps: 2.2e-4 at
+        # D64, 9.2e-3 at 4096 x D512) -- while every path whose operands are computed in
+        # registers first (tf32x3 split and builtin) was right
+        return acc + tl.dot(_tf32_round(a.to(tl.float32)), _tf32_round(b.to(tl.float32)),
+                            tl.zeros(acc.shape, acc.dtype), input_precision="tf32",
+                            out_dtype=acc.dtype)
     else:
         return tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=acc.dtype)
 

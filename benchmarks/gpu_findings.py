@@ -1,0 +1,210 @@
+"""Follow-up measurements for the failures a GPU session found (issue 28), in one short call.
+
+    python benchmarks/gpu_findings.py --jsonl $OUT/findings.jsonl     # on the GPU machine
+
+1. tf32 symmetric Gram: session 9's first call had rbf_gram(X, center=False, precision="tf32")
+   at 2.5e-2 relative error (300 x D64) and 6.2e-3 (4096 x D512) where the cross Gram at tf32
+   had 1.7e-4. Here: the symmetric and the cross kernel on the same X, every precision, against
+   float64 and against what one TF32 pass should give (the shifted X rounded to TF32, the norms
+   exact: the kernels' own math), with the error of every 128 x 128 tile of the symmetric result
+   (the diagonal tiles are symmetrised in the kernel, the others mirrored), and the symmetric
+   kernel with 64 x 64 tiles on 4 warps.
+2. float32 kpca eigenvalues at 1.6e-5 of the float64 oracle on CUDA (bound 1e-5; on CPU in the
+   interpreter they pass): the error split into the Gram's (Triton centred Gram against the
+   float64 one) and the eigensolver's (torch.linalg.eigh of the same float32 matrix on CUDA
+   and on CPU, against float64).
+
+3. What solving float32 eigenproblems in float64 on CUDA costs (the fix for 2,
+   geomkern.ops.eigh.full_eigh): torch.linalg.eigh on float32 against the float64 upcast, on
+   batches of the sizes kpca's dense solver sees, medians of 5 timed runs after a warm-up.
+
+Every record goes to --jsonl as it is made; a summary line per case is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.to("cpu", torch.float64)
+    return float((out.detach().to("cpu", torch.float64) - ref).abs().max() / ref.abs().max())
+
+
+def tf32_round(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> nearest TF32 (10 mantissa bits), as _common._tf32_split's hi."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def tf32_trunc(x: torch.Tensor) -> torch.Tensor:
+    bits = x.float().contiguous().view(torch.int32)
+    return (bits & ~0x1FFF).view(torch.float32)
+
+
+def one_pass_model(Xs: torch.Tensor, gamma: float, rounder) -> torch.Tensor:
+    """exp(-gamma (|x|^2 + |y|^2 - 2 <x~, y~>)) with exact norms and TF32 operands x~, in float64."""
+    X64 = Xs.double().cpu()
+    Xr = rounder(Xs.cpu()).double()
+    nn = (X64 * X64).sum(1)
+    d2 = (nn[:, None] + nn[None, :] - 2.0 * Xr @ Xr.T).clamp_min(0)
+    return torch.exp(-gamma * d2)
+
+
+def tile_errors(K: torch.Tensor, ref: torch.Tensor, block: int) -> list[list[float]]:
+    K, ref = K.detach().double().cpu(), ref.double().cpu()
+    n = K.shape[0]
+    nt = -(-n // block)
+    return [[round(float((K[i * block:(i + 1) * block, j * block:(j + 1) * block]
+                          - ref[i * block:(i + 1) * block, j * block:(j + 1) * block]).abs().max()), 6)
+             for j in range(nt)] for i in range(nt)]
+
+
+def tf32_symmetric(emit) -> None:
+    from geomkern.backends.triton import _common as C
+    from geomkern.backends.triton import rbf as trbf
+    from geomkern.ops import rbf as rrbf
+
+    for n, D in ((300, 64), (300, 16), (300, 512), (4096, 512)):
+        gen = torch.Generator().manual_seed(n * 1000 + D)
+        X = torch.randn(n, D, generator=gen, dtype=torch.float64)
+        gamma = 1.0 / (2.0 * D)
+        ref = rrbf.gram_reference(X, None, gamma, False)
+        Xc = X.float().cuda()
+        Xs = C.shifted(Xc)[0]
+        rec = {"finding": "tf32_symmetric", "n": n, "D": D, "gamma": gamma,
+               "model_tf32_rna": rel(one_pass_model(Xs, gamma, tf32_round), ref),
+               "model_tf32_rz": rel(one_pass_model(Xs, gamma, tf32_trunc), ref)}
+        for prec in ("tf32", "tf32x3", "ieee"):
+            Ks = trbf.rbf_gram(Xc, None, gamma, False, prec)
+            Kx = trbf.rbf_gram(Xc, Xc.clone(), gamma, False, prec)
+            rec[f"sym_{prec}"] = rel(Ks, ref)
+            rec[f"cross_{prec}"] = rel(Kx, ref)
+            rec[f"sym_vs_cross_{prec}"] = rel(Ks, Kx.double())
+            if prec == "tf32" and n <= 300:
+                rec["sym_tf32_tiles"] = tile_errors(Ks, ref, 128)
+                rec["cross_tf32_tiles"] = tile_errors(Kx, ref, 128)
+        orig = trbf._tiles
+        try:
+            trbf._tiles = lambda n_, D_, dtype, dot: (64, 32, 4)
+            rec["sym_tf32_64x64_w4"] = rel(trbf.rbf_gram(Xc, None, gamma, False, "tf32"), ref)
+            trbf._tiles = lambda n_, D_, dtype, dot: (128, 32, 4)
+            rec["sym_tf32_128_w4"] = rel(trbf.rbf_gram(Xc, None, gamma, False, "tf32"), ref)
+            trbf._tiles = lambda n_, D_, dtype, dot: (128, 16, 8)
+            rec["sym_tf32_128_k16_w8"] = rel(trbf.rbf_gram(Xc, None, gamma, False, "tf32"), ref)
+        finally:
+            trbf._tiles = orig
+        emit(rec)
+        print(f"tf32 symmetric n={n} D={D}: " + ", ".join(
+            f"{k} {v:.2e}" for k, v in rec.items() if isinstance(v, float) and k != "gamma"), flush=True)
+
+
+def kpca_eigenvalues(emit, seeds) -> None:
+    import geomkern as gk
+    from conftest import offsets_from_sizes
+    from geomkern.backends.triton import kpca as tkpca
+    from geomkern.ops import kpca as rkpca
+    from test_triton import _separated_clusters
+
+    sizes, D, d = [7, 70, 33, 4], 4, 3
+    g = 1.0 / (2.0 * D)
+    for seed in seeds:
+        X = _separated_clusters(sizes, D, d, g, torch.Generator().manual_seed(seed), torch.float32)
+        off = offsets_from_sizes(sizes)
+        o = off.tolist()
+        rec = {"finding": "kpca_eigenvalues", "seed": seed, "sizes": sizes, "D": D, "d": d}
+        with gk.set_backend("triton"):
+            fit = gk.kpca(X.cuda(), off.cuda(), n_components=d, gamma=g, solver="dense")
+        with gk.set_backend("reference"):
+            ref = gk.kpca(X.double(), off, n_components=d, gamma=g, solver="dense")
+        rec["op_eigenvalues"] = rel(fit.eigenvalues, ref.eigenvalues)
+        per = []
+        for j, n in enumerate(sizes):
+            Xj = X[o[j]:o[j + 1]]
+            K64 = rkpca.centred_grams_reference(Xj.double(), [0, n], [0], g)[0][0] \
+                if hasattr(rkpca, "centred_grams_reference") else None
+            Kt = tkpca.centred_grams(Xj.cuda(), [0, n], [0], g)[0][0]
+            mu64 = torch.linalg.eigvalsh(K64)
+            row = {"n": n, "gram": rel(Kt, K64),
+                   "eigh_cuda_f32_of_triton_gram": rel(torch.linalg.eigvalsh(Kt), mu64),
+                   "eigh_cuda_f32_of_exact_gram": rel(torch.linalg.eigvalsh(K64.float().cuda()), mu64),
+                   "eigh_cpu_f32_of_exact_gram": rel(torch.linalg.eigvalsh(K64.float()), mu64),
+                   "eigh_cuda_f64_of_triton_gram": rel(torch.linalg.eigvalsh(Kt.double()), mu64)}
+            per.append(row)
+        rec["clusters"] = per
+        emit(rec)
+        print(f"kpca seed {seed}: op {rec['op_eigenvalues']:.2e}; " + "; ".join(
+            f"n={r['n']} gram {r['gram']:.1e} eigh(cuda f32) {r['eigh_cuda_f32_of_triton_gram']:.1e} "
+            f"exact->cuda f32 {r['eigh_cuda_f32_of_exact_gram']:.1e} cpu f32 "
+            f"{r['eigh_cpu_f32_of_exact_gram']:.1e}" for r in per), flush=True)
+
+
+def eigh_upcast_cost(emit) -> None:
+    def timed(fn, reps=5):
+        fn()
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            out.append(a.elapsed_time(b) * 1e3)
+        return sorted(out)[len(out) // 2]
+
+    for batch, n in ((500, 100), (30, 300), (8, 1000), (1, 2000)):
+        X = torch.randn(batch, n, n, device="cuda", generator=torch.Generator("cuda").manual_seed(n))
+        A = (X + X.transpose(1, 2)) / 2
+        ref = torch.linalg.eigvalsh(A.double())
+        f32 = timed(lambda: torch.linalg.eigh(A))
+        f64 = timed(lambda: torch.linalg.eigh(A.double()))
+        rec = {"finding": "eigh_upcast_cost", "batch": batch, "n": n, "float32_us": round(f32, 1),
+               "float64_upcast_us": round(f64, 1), "ratio": round(f64 / f32, 3),
+               "float32_err": rel(torch.linalg.eigvalsh(A), ref),
+               "upcast_err": rel(torch.linalg.eigvalsh(A.double()).float(), ref)}
+        emit(rec)
+        print(f"eigh {batch} x {n}: float32 {f32:.0f} us, float64 upcast {f64:.0f} us "
+              f"({rec['ratio']:.2f}x); errors {rec['float32_err']:.1e} / {rec['upcast_err']:.1e}",
+              flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--jsonl", type=Path, required=True)
+    ap.add_argument("--seeds", default="424455771,29497708,1,2,3")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_findings: no CUDA device here", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+
+    def emit(rec):
+        rec = {"t_s": round(time.monotonic() - t0, 1), **rec}
+        with args.jsonl.open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+    for name, fn in (("tf32_symmetric", lambda: tf32_symmetric(emit)),
+                     ("kpca_eigenvalues", lambda: kpca_eigenvalues(
+                         emit, [int(s) for s in args.seeds.split(",")])),
+                     ("eigh_upcast_cost", lambda: eigh_upcast_cost(emit))):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - the next finding runs whatever happened
+            import traceback
+            traceback.print_exc()
+            emit({"finding": name, "error": repr(exc)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
