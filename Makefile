@@ -1,5 +1,5 @@
 # The README's commands. Each one sets everything up first (scripts/bootstrap.sh, idempotent).
-.PHONY: run demo test bench setup
+.PHONY: run demo test test-random bench setup
 
 setup:
 	bash scripts/bootstrap.sh
@@ -12,6 +12,11 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest -q
+
+# opt-in: fresh random seeds and hypothesis examples (make test runs fixed ones); a failure prints
+# its seed, rerun it with --seed=N
+test-random: setup
+	.venv/bin/python -m pytest -q --random-seeds
 
 bench: setup
 	.venv/bin/python -m pytest benchmarks/ --benchmark-only -q

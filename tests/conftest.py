@@ -1,14 +1,20 @@
 """Shared test helpers: per-dtype tolerances, a relative-error assertion that says where it failed,
 a printed random seed per test, the ``--runslow`` / ``--seed`` options and the ``gpu`` skip.
 
-Every test draws fresh random inputs: either from a hypothesis-drawn ``seed`` (hypothesis prints
-it in the falsifying example) or from the ``seed`` fixture below, which prints the seed it used
-(pytest shows captured output of failing tests); rerun with ``--seed=<that seed>`` to reproduce.
+Seeds. By default (``make test``, CI) every test's random inputs are fixed: the ``seed`` fixture
+gives each test its own seed, derived from its node id (so a parametrized case has its own), the
+global torch / NumPy / ``random`` generators are seeded with it before each test, and hypothesis
+runs derandomized (the same examples every run). A red run is then a change in the code, never a
+draw. ``--random-seeds`` (``make test-random``, opt-in) draws a fresh seed per test and random
+hypothesis examples instead, to look for inputs the fixed seeds miss. Either way the seed is
+printed (pytest shows captured output of failing tests); rerun with ``--seed=<that seed>``.
 """
 from __future__ import annotations
 
 import contextlib
+import random
 import secrets
+import zlib
 
 import numpy as np
 import pytest
@@ -26,13 +32,11 @@ HALF_TOL = {torch.float16: 2 * 2.0 ** -11, torch.bfloat16: 2 * 2.0 ** -8}
 FLOATS = (torch.float64, torch.float32)
 SIZES = (1, 7, 33, 257)
 
-settings.register_profile(
-    "geomkern",
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                           HealthCheck.data_too_large],
-)
+_PROFILE = dict(max_examples=15, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                       HealthCheck.data_too_large])
+settings.register_profile("geomkern", derandomize=True, database=None, **_PROFILE)
+settings.register_profile("geomkern-random", **_PROFILE)
 settings.load_profile("geomkern")
 
 CUDA = torch.cuda.is_available()
@@ -44,6 +48,14 @@ def pytest_addoption(parser):
                      help="also run tests marked slow")
     parser.addoption("--seed", action="store", type=int, default=None,
                      help="seed for the `seed` fixture (reproduce a failure printed by a test)")
+    parser.addoption("--random-seeds", action="store_true", default=False,
+                     help="a fresh random seed per test and random hypothesis examples, instead of "
+                          "the fixed ones CI runs (make test-random); failures print their seed")
+
+
+def pytest_configure(config):
+    if config.getoption("--random-seeds"):
+        settings.load_profile("geomkern-random")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -56,12 +68,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def _test_seed(request) -> int:
+    """This test's seed: ``--seed``, else a fresh one with ``--random-seeds``, else fixed: a CRC
+    of the test's node id (stable across runs and machines, distinct per parametrized case).
+    Drawn once per test and cached on its node, so every fixture of the test sees the same one."""
+    node = request.node
+    if not hasattr(node, "_geomkern_seed"):
+        s = request.config.getoption("--seed")
+        if s is None:
+            s = (secrets.randbits(31) if request.config.getoption("--random-seeds")
+                 else zlib.crc32(node.nodeid.encode()) & 0x7FFFFFFF)
+        node._geomkern_seed = s
+    return node._geomkern_seed
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_generators(request):
+    """Every test starts from its own seed in torch's, NumPy's and Python's global generators, so
+    a test that draws without an explicit generator is as reproducible as one that takes ``seed``."""
+    s = _test_seed(request)
+    torch.manual_seed(s)
+    np.random.seed(s)
+    random.seed(s)
+
+
 @pytest.fixture
 def seed(request) -> int:
-    """A fresh random seed per test (or ``--seed``), printed so a failure can be replayed."""
-    s = request.config.getoption("--seed")
-    if s is None:
-        s = secrets.randbits(31)
+    """This test's seed (see the module docstring), printed so a failure can be replayed."""
+    s = _test_seed(request)
     print(f"[geomkern tests] {request.node.nodeid}: seed={s} (rerun with --seed={s})")
     return s
 
