@@ -60,7 +60,13 @@ def _gemm(A, B, Out, n, m, K, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
     for k0 in range(0, K, BLOCK_K):
         a = tl.load(A + rm.to(tl.int64)[:, None] * K + (k0 + rk)[None, :])
         b = tl.load(B + rn.to(tl.int64)[:, None] * K + (k0 + rk)[None, :])
-        acc = C.mma(a, tl.trans(b), acc, PRECISION)
+        if PRECISION == "tf32raw":
+            # tl.dot straight on the loaded tiles, one TF32 pass: the bare GEMM's ceiling (and the
+            # planes' chain). The kernels' "tf32" rounds its operands in registers first
+            # (_common.mma: the raw form was wrong inside the RBF kernels under triton 3.6)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="tf32")
+        else:
+            acc = C.mma(a, tl.trans(b), acc, PRECISION)
     tl.store(Out + rm.to(tl.int64)[:, None] * m + rn[None, :], acc)
 
 
@@ -102,10 +108,11 @@ def providers(a, b):
     return {
         "triton builtin tf32x3": lambda: gemm(a, b, "tf32x3"),
         "triton split tf32x3": lambda: gemm(a, b, "tf32x3split"),
-        "triton planes tf32x3 (split included)": lambda: gemm(*planes(a, b), "tf32"),
-        "triton planes tf32x3 (GEMM only)": lambda: gemm(pa, pb, "tf32"),
-        "triton planes tf32x3 (GEMM only, 128x256)": lambda: gemm(pa, pb, "tf32", block_n=256),
-        "triton tf32 (1 pass)": lambda: gemm(a, b, "tf32"),
+        "triton planes tf32x3 (split included)": lambda: gemm(*planes(a, b), "tf32raw"),
+        "triton planes tf32x3 (GEMM only)": lambda: gemm(pa, pb, "tf32raw"),
+        "triton planes tf32x3 (GEMM only, 128x256)": lambda: gemm(pa, pb, "tf32raw", block_n=256),
+        "triton tf32 (1 pass)": lambda: gemm(a, b, "tf32raw"),
+        "triton tf32 (1 pass, operands rounded: the kernels' tf32)": lambda: gemm(a, b, "tf32"),
         "triton ieee (FFMA)": lambda: gemm(a, b, "ieee"),
         "torch.mm float32 (cuBLAS, TF32 off)": mm(False),
         "torch.mm TF32 (cuBLAS, 1 pass)": mm(True),
@@ -272,8 +279,8 @@ def run_dry(emit):
     gm = sys.modules["gpu_model"]
     a = torch.empty(N, D)
     p = torch.empty(N, 3 * D)
-    cases = {"builtin": ("tf32x3", a), "split": ("tf32x3split", a), "planes": ("tf32", p),
-             "tf32": ("tf32", a), "ieee": ("ieee", a)}
+    cases = {"builtin": ("tf32x3", a), "split": ("tf32x3split", a), "planes": ("tf32raw", p),
+             "tf32": ("tf32raw", a), "tf32 rounded": ("tf32", a), "ieee": ("ieee", a)}
     with rep.compile_only() as drv:
         for name, (prec, x) in cases.items():
             drv.launches.clear()
