@@ -1,6 +1,11 @@
 """Builds geomkern._C from csrc/ (C++ with OpenMP on CPU) through torch.utils.cpp_extension, and
 geomkern._C_cuda from csrc/cuda/ when torch is a CUDA build and a CUDA toolkit is installed.
 
+geomkern._C uses torch's stable ABI only (csrc/stable.h), as torch 2.10 defines it, and no Python
+C API: one build loads into every torch from 2.10 on and every Python from 3.10 on (the wheel is
+tagged cp310-abi3 when it holds no CUDA extension). geomkern._C_cuda is an ordinary torch extension, tied
+to the torch it was built against.
+
 torch must already be installed: build with `pip install --no-build-isolation .` so pip does not
 put a fresh (CUDA, multi-GB) torch into an isolated build environment.
 """
@@ -41,6 +46,11 @@ def native_arch(env) -> bool:
     return env.get("GEOMKERN_NATIVE_ARCH", "0") == "1"
 
 
+# The stable-ABI version geomkern._C is compiled for: the oldest torch it loads into (2.10, which
+# has every stable call the kernels make: parallel_for, the thread count, empty, the C shim's GEMMs).
+STABLE_ABI_TARGET = "0x020a000000000000"
+
+
 def cxx_flags(env=os.environ):
     # -ffp-contract=off: GCC fuses a*b+c into an FMA where its unrolling allows, so the pre-image
     # kernel's 1-, 2- and 4-vector tiles (picked by thread count) rounded differently on AVX2
@@ -48,7 +58,8 @@ def cxx_flags(env=os.environ):
     # variant, gives the same bits.
     # Measured cost: none (gd, b = 1000, S = D = 512, 1 thread: 0.739 s vs 0.736 s, interleaved).
     # -g0: no debug info in the library (the interpreter's CFLAGS carry -g: 31 MB of DWARF in _C)
-    flags = ["-O3", "-fopenmp", cxx_standard(), "-ffp-contract=off", "-g0"]
+    flags = ["-O3", "-fopenmp", cxx_standard(), "-ffp-contract=off", "-g0",
+             f"-DTORCH_TARGET_VERSION={STABLE_ABI_TARGET}"]
     if native_arch(env):
         flags += ["-march=native", "-DGEOMKERN_NATIVE_ARCH"]
     return flags
@@ -116,6 +127,7 @@ def cuda_extensions():
 # GEOMKERN_NATIVE_ARCH=1 or non-x86 build)
 sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/cpu/variants/*.cpp"))
 if __name__ == "__main__":  # pip's build backend and `python setup.py` run it as __main__
+    cuda = cuda_extensions()
     setup(
         ext_modules=[
             CppExtension(
@@ -124,7 +136,11 @@ if __name__ == "__main__":  # pip's build backend and `python setup.py` run it a
                 include_dirs=[os.path.abspath("csrc")],
                 extra_compile_args={"cxx": cxx_flags()},
                 extra_link_args=["-fopenmp"],
+                # _C.abi3.so, linked without libtorch_python (torch defines Py_LIMITED_API, 3.10)
+                py_limited_api=True,
             )
-        ] + cuda_extensions(),
+        ] + cuda,
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        # one CPU wheel for every Python >= 3.10 and every torch >= 2.10 (not with _C_cuda inside)
+        options={} if cuda else {"bdist_wheel": {"py_limited_api": "cp310"}},
     )

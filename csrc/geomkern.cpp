@@ -1,49 +1,86 @@
-// Python bindings for geomkern._C. Kernels live in csrc/cpu/ (the CUDA ones, geomkern._C_cuda, in
-// csrc/cuda/ with their bindings in csrc/cuda_bindings/); this file only binds them.
-#include <torch/extension.h>
+// geomkern._C's operators, registered with torch through its stable ABI (csrc/stable.h) in the
+// namespace torch.ops.geomkern_native; geomkern/backends/native loads the library and calls
+// them. Kernels live in csrc/cpu/ (the CUDA ones, geomkern._C_cuda, in csrc/cuda/ with their
+// bindings in csrc/cuda_bindings/); this file only registers them. No Python C API: the library
+// is the same for every Python >= 3.10 and every torch >= 2.10.
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "ops.h"
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "geomkern native kernels (CPU C++/OpenMP)";
-  m.def("cpu_isa", &geomkern::cpu_isa,
-        "the instruction-set variant of the CPU kernels that runs: 'avx512f', 'avx2+fma' or 'baseline'");
-  m.def("cpu_isas", &geomkern::cpu_isas,
-        "the variants in this library, widest first (runnable_only: those this CPU supports)",
-        py::arg("runnable_only") = true);
-  m.def("select_cpu_isa", &geomkern::select_cpu_isa,
-        "run the named variant from now on (the loader calls it for GEOMKERN_CPU_ISA); ValueError "
-        "naming the variants this CPU runs if it is not one of them",
-        py::arg("isa"));
-  m.def("preimage_gd", &geomkern::preimage_gd_cpu,
-        "fused gradient-descent pre-image loop (all steps in one call)", py::arg("Z0"),
-        py::arg("B"), py::arg("T"), py::arg("gamma"), py::arg("steps"), py::arg("lr"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("preimage_fixed_point", &geomkern::preimage_fixed_point_cpu,
-        "fused fixed-point (Mika et al.) pre-image loop (all steps in one call)", py::arg("Z0"),
-        py::arg("B"), py::arg("A"), py::arg("gamma"), py::arg("steps"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("preimage_gd_span", &geomkern::preimage_gd_span_cpu,
-        "preimage_gd iterated in span(z0, B): one S x S product per step", py::arg("Z0"),
-        py::arg("B"), py::arg("T"), py::arg("gamma"), py::arg("steps"), py::arg("lr"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("preimage_fixed_point_span", &geomkern::preimage_fixed_point_span_cpu,
-        "preimage_fixed_point iterated in span(B): one S x S product per step", py::arg("Z0"),
-        py::arg("B"), py::arg("A"), py::arg("gamma"), py::arg("steps"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("rbf_gram", &geomkern::rbf_gram_cpu,
-        "K(X, Y) in tiles (Y None: symmetric, from the tiles on and above the diagonal)",
-        py::arg("X"), py::arg("Y"), py::arg("gamma"), py::call_guard<py::gil_scoped_release>());
-  m.def("rbf_matmul", &geomkern::rbf_matmul_cpu, "K(X, Y) V, tiled, K never stored",
-        py::arg("X"), py::arg("Y"), py::arg("V"), py::arg("gamma"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("kmeanspp", &geomkern::kmeanspp_cpu,
-        "greedy k-means++ centres (m, k, D) for every set, deterministic for a seed",
-        py::arg("X"), py::arg("offsets"), py::arg("k"), py::arg("seed"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("kmeans_lloyd", &geomkern::kmeans_lloyd_cpu,
-        "Lloyd iterations per set from given centres, each set stopping when its labels are stable; "
-        "returns labels, centers, passes and the inertia per set",
-        py::arg("X"), py::arg("offsets"), py::arg("centers"), py::arg("iters"),
-        py::call_guard<py::gil_scoped_release>());
+namespace {
+
+using geomkern::Tensor;
+
+// The boxed signatures take their arguments by value (TORCH_BOX unboxes into them).
+std::string cpu_isa() { return geomkern::cpu_isa(); }
+std::vector<std::string> cpu_isas(bool runnable_only) { return geomkern::cpu_isas(runnable_only); }
+void select_cpu_isa(std::string isa) { geomkern::select_cpu_isa(isa); }
+Tensor preimage_gd(Tensor Z0, Tensor B, Tensor T, double gamma, int64_t steps, Tensor lr) {
+  return geomkern::preimage_gd_cpu(Z0, B, T, gamma, steps, lr);
+}
+Tensor preimage_fixed_point(Tensor Z0, Tensor B, Tensor A, double gamma, int64_t steps) {
+  return geomkern::preimage_fixed_point_cpu(Z0, B, A, gamma, steps);
+}
+Tensor preimage_gd_span(Tensor Z0, Tensor B, Tensor T, double gamma, int64_t steps, Tensor lr) {
+  return geomkern::preimage_gd_span_cpu(Z0, B, T, gamma, steps, lr);
+}
+Tensor preimage_fixed_point_span(Tensor Z0, Tensor B, Tensor A, double gamma, int64_t steps) {
+  return geomkern::preimage_fixed_point_span_cpu(Z0, B, A, gamma, steps);
+}
+Tensor rbf_gram(Tensor X, std::optional<Tensor> Y, double gamma) {
+  return geomkern::rbf_gram_cpu(X, Y, gamma);
+}
+Tensor rbf_matmul(Tensor X, Tensor Y, Tensor V, double gamma) {
+  return geomkern::rbf_matmul_cpu(X, Y, V, gamma);
+}
+Tensor kmeanspp(Tensor X, Tensor offsets, int64_t k, int64_t seed) {
+  return geomkern::kmeanspp_cpu(X, offsets, k, seed);
+}
+std::tuple<Tensor, Tensor, Tensor, Tensor> kmeans_lloyd(Tensor X, Tensor offsets, Tensor centers,
+                                                        int64_t iters) {
+  return geomkern::kmeans_lloyd_cpu(X, offsets, centers, iters);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(geomkern_native, m) {
+  // the instruction-set variant of the CPU kernels that runs: 'avx512f', 'avx2+fma' or 'baseline'
+  m.def("cpu_isa() -> str");
+  // the variants in this library, widest first (runnable_only: those this CPU supports)
+  m.def("cpu_isas(bool runnable_only=True) -> str[]");
+  // run the named variant from now on (the loader calls it for GEOMKERN_CPU_ISA)
+  m.def("select_cpu_isa(str isa) -> ()");
+  // fused pre-image loops (all steps in one call), and the same iterated in span(z0, B)
+  m.def("preimage_gd(Tensor Z0, Tensor B, Tensor T, float gamma, int steps, Tensor lr) -> Tensor");
+  m.def("preimage_fixed_point(Tensor Z0, Tensor B, Tensor A, float gamma, int steps) -> Tensor");
+  m.def("preimage_gd_span(Tensor Z0, Tensor B, Tensor T, float gamma, int steps, Tensor lr) -> Tensor");
+  m.def("preimage_fixed_point_span(Tensor Z0, Tensor B, Tensor A, float gamma, int steps) -> Tensor");
+  // K(X, Y) in tiles (Y None: symmetric, from the tiles on and above the diagonal); K(X, Y) V,
+  // K never stored
+  m.def("rbf_gram(Tensor X, Tensor? Y, float gamma) -> Tensor");
+  m.def("rbf_matmul(Tensor X, Tensor Y, Tensor V, float gamma) -> Tensor");
+  // greedy k-means++ centres (m, k, D) for every set, deterministic for a seed; Lloyd per set from
+  // given centres: labels, centers, passes and the inertia per set
+  m.def("kmeanspp(Tensor X, Tensor offsets, int k, int seed) -> Tensor");
+  m.def("kmeans_lloyd(Tensor X, Tensor offsets, Tensor centers, int iters) -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(geomkern_native, CPU, m) {
+  m.impl("preimage_gd", TORCH_BOX(&preimage_gd));
+  m.impl("preimage_fixed_point", TORCH_BOX(&preimage_fixed_point));
+  m.impl("preimage_gd_span", TORCH_BOX(&preimage_gd_span));
+  m.impl("preimage_fixed_point_span", TORCH_BOX(&preimage_fixed_point_span));
+  m.impl("rbf_gram", TORCH_BOX(&rbf_gram));
+  m.impl("rbf_matmul", TORCH_BOX(&rbf_matmul));
+  m.impl("kmeanspp", TORCH_BOX(&kmeanspp));
+  m.impl("kmeans_lloyd", TORCH_BOX(&kmeans_lloyd));
+}
+
+// no tensor arguments: no device to dispatch on
+STABLE_TORCH_LIBRARY_IMPL(geomkern_native, CompositeExplicitAutograd, m) {
+  m.impl("cpu_isa", TORCH_BOX(&cpu_isa));
+  m.impl("cpu_isas", TORCH_BOX(&cpu_isas));
+  m.impl("select_cpu_isa", TORCH_BOX(&select_cpu_isa));
 }

@@ -1,8 +1,7 @@
 #pragma once
-// ATen, not torch/extension.h: the kernel sources include this, each compiled once per
-// instruction-set variant, and ATen alone compiles in a fraction of the time (bindings:
-// geomkern.cpp).
-#include <ATen/ATen.h>
+// torch's stable ABI only (stable.h): the kernel sources include this, each compiled once per
+// instruction-set variant (bindings: geomkern.cpp).
+#include "stable.h"
 
 #include <string>
 #include <vector>
@@ -15,32 +14,32 @@ namespace geomkern {
 std::string cpu_isa();
 // The variants in this library, widest first; runnable_only: those this CPU supports.
 std::vector<std::string> cpu_isas(bool runnable_only);
-// Runs the variant named isa from now on; std::invalid_argument (ValueError) naming the ones this
-// CPU runs when it is not one of them.
+// Runs the variant named isa from now on; an error naming the ones this CPU runs when it is not
+// one of them (the Python loader checks the name first and raises ValueError).
 void select_cpu_isa(const std::string& isa);
 
 // The hot kernels: each calls its copy in the selected variant (isa.cpp), which is defined with
 // this signature in namespace geomkern::<variant> by the source named.
 // csrc/cpu/preimage.cpp: fused pre-image loops, same math as geomkern/ops/preimage.py
-at::Tensor preimage_gd_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
-                           double gamma, int64_t steps, const at::Tensor& lr);
-at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& A,
+Tensor preimage_gd_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
+                           double gamma, int64_t steps, const Tensor& lr);
+Tensor preimage_fixed_point_cpu(const Tensor& Z0, const Tensor& B, const Tensor& A,
                                     double gamma, int64_t steps);
 // csrc/cpu/preimage_span.cpp: the same two loops iterated in span(z0, B) (one S x S product per
 // step instead of two S x D ones; the native default where S <= D)
-at::Tensor preimage_gd_span_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
-                                double gamma, int64_t steps, const at::Tensor& lr);
-at::Tensor preimage_fixed_point_span_cpu(const at::Tensor& Z0, const at::Tensor& B,
-                                         const at::Tensor& A, double gamma, int64_t steps);
+Tensor preimage_gd_span_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
+                                double gamma, int64_t steps, const Tensor& lr);
+Tensor preimage_fixed_point_span_cpu(const Tensor& Z0, const Tensor& B,
+                                         const Tensor& A, double gamma, int64_t steps);
 // csrc/cpu/rbf.cpp: K(X, Y) V tiled, K never stored; and K(X, Y) itself (Y None: the symmetric
 // K(X, X) from the tiles on and above its diagonal), tiles in one parallel region
-at::Tensor rbf_matmul_cpu(const at::Tensor& X, const at::Tensor& Y, const at::Tensor& V, double gamma);
-at::Tensor rbf_gram_cpu(const at::Tensor& X, const c10::optional<at::Tensor>& Y, double gamma);
+Tensor rbf_matmul_cpu(const Tensor& X, const Tensor& Y, const Tensor& V, double gamma);
+Tensor rbf_gram_cpu(const Tensor& X, const std::optional<Tensor>& Y, double gamma);
 // csrc/cpu/kmeans.cpp: greedy k-means++ per set (one splitmix64 stream per seed and set), and
 // Lloyd per set from given centres, each set stopping on its own;
 // returns labels (N,), centers (m, k, D), assignment passes per set (m,) and the inertia per set
 // (m,) float64, from exact squared distances
-at::Tensor kmeanspp_cpu(const at::Tensor& X, const at::Tensor& offsets, int64_t k, int64_t seed);
-std::vector<at::Tensor> kmeans_lloyd_cpu(const at::Tensor& X, const at::Tensor& offsets,
-                                         const at::Tensor& centers, int64_t iters);
+Tensor kmeanspp_cpu(const Tensor& X, const Tensor& offsets, int64_t k, int64_t seed);
+std::tuple<Tensor, Tensor, Tensor, Tensor> kmeans_lloyd_cpu(const Tensor& X, const Tensor& offsets,
+                                         const Tensor& centers, int64_t iters);
 }  // namespace geomkern

@@ -43,7 +43,7 @@ fi
 
 stamp_file="$VENV/.geomkern-build-stamp"
 stamp=$( { cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; "$VPY" -c "import torch; print(torch.__version__)"; echo "clip=$clip no_cuda=$GEOMKERN_NO_CUDA"; } | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VPY" -c "import geomkern._C" >/dev/null 2>&1; then
+if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VPY" -c "from geomkern.backends import native; raise SystemExit(bool(native.why_not('cpu')))" >/dev/null 2>&1; then
   echo "[bootstrap] geomkern up to date ($("$VPY" -c 'import torch; print("torch", torch.__version__)'))"
   exit 0
 fi

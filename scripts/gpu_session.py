@@ -283,10 +283,8 @@ def main() -> int:
                                env={**os.environ, "PYTHONPATH": str(where)} if DRY else None)
         if DRY:  # the module built into $OUT loads (import geomkern above took the checkout's)
             lib = next((where / "geomkern").glob("_C*.so"), None)
-            load = subprocess.run([PY, "-c", "import torch, importlib.util as u, sys; "
-                                   "s = u.spec_from_file_location('geomkern._C', sys.argv[1]); "
-                                   "m = u.module_from_spec(s); s.loader.exec_module(m); "
-                                   "print(sorted(k for k in dir(m) if not k.startswith('_'))[:5])",
+            load = subprocess.run([PY, "-c", "import torch, sys; torch.ops.load_library(sys.argv[1]); "
+                                   "print(torch.ops.geomkern_native.cpu_isa())",
                                    str(lib)], cwd=ROOT, capture_output=True, text=True, timeout=60)
             return {"backends": probe.stdout.strip(), "built": str(lib) if lib else None,
                     "loads": load.returncode == 0, "load_output": (load.stdout + load.stderr)[-300:]}

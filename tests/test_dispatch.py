@@ -265,16 +265,13 @@ def auto_prefers_native(monkeypatch):
     return lambda: _dispatch.implementation("probe", "cpu")()
 
 
-def _fail_import(monkeypatch, error: Exception):
-    """geomkern._C fails to import with ``error``; every other import is untouched."""
-    real = native.importlib.import_module
+def _fail_load(monkeypatch, error: Exception):
+    """geomkern._C's library fails to load with ``error`` (torch.ops.load_library raising, as it
+    does for a missing symbol or library); nothing else is touched."""
+    def fake(path):
+        raise error
 
-    def fake(name, package=None):
-        if (name, package) == ("..._C", native.__package__):
-            raise error
-        return real(name, package)
-
-    monkeypatch.setattr(native.importlib, "import_module", fake)
+    monkeypatch.setattr(native.torch.ops, "load_library", fake)
 
 
 def _load_cpu():
@@ -282,11 +279,12 @@ def _load_cpu():
 
 
 def test_a_built_extension_that_cannot_load_warns_once(monkeypatch, auto_prefers_native):
-    _fail_import(monkeypatch, ImportError("libc10.so: cannot open shared object file"))
+    _fail_load(monkeypatch, OSError("undefined symbol: torch_parallel_for"))
     ext = _load_cpu()
     built = [p.name for p in native._compiled_files("_C")]
-    assert ext.module is None and ext.broken and built  # the real .so is there, untouched
-    for part in (f"geomkern._C is built ({built[0]}", "cannot be loaded here: ImportError: libc10.so",
+    assert ext.module is None and ext.broken and "_C.abi3.so" in built  # the real one, untouched
+    for part in ("geomkern._C is built (_C.abi3.so) but cannot be loaded here (torch ",
+                 "it needs torch >= 2.10", "OSError: undefined symbol: torch_parallel_for",
                  "rebuild it for this environment", "pip install --no-build-isolation ."):
         assert part in ext.why_not
     monkeypatch.setattr(native, "_CPU", ext)
@@ -303,17 +301,20 @@ def test_a_built_extension_that_cannot_load_warns_once(monkeypatch, auto_prefers
         assert auto_prefers_native() == "reference"
 
 
-def test_an_extension_built_for_another_python_is_named(monkeypatch, tmp_path):
+def test_a_foreign_compiled_file_is_named(monkeypatch, tmp_path):
+    """A file that is not this geomkern's library (an older build's Python module, or garbage)
+    is named, said not to load, and the way to rebuild given."""
     (tmp_path / "_C.cpython-399-x86_64-linux-gnu.so").write_bytes(b"")
     monkeypatch.setattr(native, "_PACKAGE", tmp_path)
-    _fail_import(monkeypatch, ModuleNotFoundError("No module named 'geomkern._C'"))
     ext = _load_cpu()
-    assert ext.broken and "built for another Python or platform: this one loads _C." in ext.why_not
+    assert ext.module is None and ext.broken
+    for part in ("geomkern._C is built (_C.cpython-399-x86_64-linux-gnu.so) but cannot be loaded here",
+                 "rebuild it for this environment"):
+        assert part in ext.why_not
 
 
 def test_a_never_built_extension_logs_one_info_line(monkeypatch, tmp_path, caplog, auto_prefers_native):
     monkeypatch.setattr(native, "_PACKAGE", tmp_path)  # no compiled file: a pure-torch install
-    _fail_import(monkeypatch, ModuleNotFoundError("No module named 'geomkern._C'"))
     ext = _load_cpu()
     assert ext.module is None and not ext.broken
     assert f"geomkern._C is not built (no compiled file in {tmp_path})" in ext.why_not

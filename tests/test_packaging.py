@@ -204,38 +204,85 @@ print("ok", gk.resolve("rbf_gram", "cpu"), gk.cpu_isa())
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="builds the C++ extension with g++")
-def test_sdist_builds_a_wheel_that_works_in_a_clean_venv(tmp_path):
-    """The path from a source release to a user's environment: build the sdist, build a wheel
-    from that sdist (not from the tree), install it into a fresh venv that sees only this
-    machine's torch (a .pth to the directory that holds it), and from outside the repository
-    run the ops against the float64 reference with the native backend listed. Takes the build's
-    time (~1.5 min here: three instruction-set variants of the kernels)."""
+def _run(*cmd, cwd):
     import os
+    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=1200,
+                         env={**os.environ, "GEOMKERN_NO_CUDA": "1"})
+    assert res.returncode == 0, f"{' '.join(map(str, cmd))}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
+    return res
 
-    import torch
 
-    env = {**os.environ, "GEOMKERN_NO_CUDA": "1"}
+@pytest.fixture(scope="module")
+def wheel_from_sdist(tmp_path_factory):
+    """Build the sdist, then a wheel from that sdist (not from the tree): the path from a source
+    release to a user's environment (~40 s here: three instruction-set variants of the kernels)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("builds the C++ library with g++")
+    tmp = tmp_path_factory.mktemp("dist")
+    _run(sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", tmp / "dist", ROOT, cwd=tmp)
+    (sdist,) = (tmp / "dist").glob("geomkern-*.tar.gz")
+    _run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+         "-w", tmp / "wheels", sdist, cwd=tmp)
+    (wheel,) = (tmp / "wheels").glob("geomkern-*.whl")
+    return wheel
 
-    def run(*cmd, cwd=tmp_path):
-        res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, cwd=cwd,
-                             timeout=1200)
-        assert res.returncode == 0, f"{' '.join(map(str, cmd))}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
-        return res
 
-    run(sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", tmp_path / "dist", ROOT)
-    (sdist,) = (tmp_path / "dist").glob("geomkern-*.tar.gz")
-    run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-        "-w", tmp_path / "wheels", sdist)
-    (wheel,) = (tmp_path / "wheels").glob("geomkern-*.whl")
+def _venv_with(tmp_path: Path, wheel: Path, *site_dirs: Path) -> Path:
+    """A fresh venv that sees ``site_dirs`` (torch and the rest) through a .pth, in that order,
+    with ``wheel`` installed into it; returns its python. (The machine's geomkern is an editable
+    install whose finder lives in a .pth of its own, which a plain path entry does not run.)"""
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", "--without-pip", venv)
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     vpy = venv / "bin" / "python"
     purelib = Path(subprocess.run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                   capture_output=True, text=True, check=True).stdout.strip())
-    # this machine's torch (and numpy, safetensors, ...) through a path entry; its geomkern is an
-    # editable install whose finder lives in a .pth there, which a plain path entry does not run
-    (purelib / "machine_packages.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
-    run(sys.executable, "-m", "pip", "--python", vpy, "install", "-q", "--no-deps", "--ignore-installed", wheel)
-    out = run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
+    (purelib / "machine_packages.pth").write_text("".join(f"{d}\n" for d in site_dirs))
+    _run(sys.executable, "-m", "pip", "--python", vpy, "install", "-q", "--no-deps", "--ignore-installed",
+         wheel, cwd=tmp_path)
+    return vpy
+
+
+def test_sdist_builds_a_wheel_that_works_in_a_clean_venv(tmp_path, wheel_from_sdist):
+    """The wheel built from the sdist, in a fresh venv that sees only this machine's torch, run
+    from outside the repository: the ops against the float64 reference, the native backend
+    listed. The wheel holds no Python-version or torch-version binary: it is tagged abi3."""
+    import torch
+
+    assert "-cp310-abi3-" in wheel_from_sdist.name, wheel_from_sdist.name
+    vpy = _venv_with(tmp_path, wheel_from_sdist, Path(torch.__file__).resolve().parents[1])
+    out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
+    assert out.startswith("ok native"), out
+
+
+def _other_torch_wheel() -> Path | None:
+    """A CPU torch wheel of another version than the one running the tests (this machine keeps
+    2.13.0 and 2.14.1 in /opt/wheels; GEOMKERN_OTHER_TORCH_WHEEL names one elsewhere)."""
+    import os
+
+    import torch
+    mine = torch.__version__.split("+")[0]
+    named = os.environ.get("GEOMKERN_OTHER_TORCH_WHEEL")
+    found = [Path(named)] if named else sorted(Path("/opt/wheels").glob("torch-2.*-cp311-*.whl"))
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    return next((w for w in found if w.is_file() and f"-{tag}-" in w.name
+                 and not w.name.startswith(f"torch-{mine}")), None)
+
+
+def test_one_wheel_loads_into_another_torch(tmp_path, wheel_from_sdist):
+    """The same wheel, not rebuilt, in a venv whose torch is another version (geomkern._C is on
+    torch's stable ABI, setup.py): native listed, every op against the float64 reference."""
+    import torch
+
+    other = _other_torch_wheel()
+    if other is None:
+        pytest.skip("no CPU torch wheel of another version than this one in /opt/wheels "
+                    "(set GEOMKERN_OTHER_TORCH_WHEEL)")
+    site = tmp_path / "other-torch"
+    _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", site, other,
+         cwd=tmp_path)
+    vpy = _venv_with(tmp_path, wheel_from_sdist, site, Path(torch.__file__).resolve().parents[1])
+    version = _run(vpy, "-c", "import torch; print(torch.__version__)", cwd=tmp_path).stdout.strip()
+    assert version.split("+")[0] != torch.__version__.split("+")[0] and other.name.startswith(
+        f"torch-{version.split('+')[0]}"), (version, other.name)
+    out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
     assert out.startswith("ok native"), out

@@ -130,33 +130,33 @@ void select_cpu_isa(const std::string& isa) {
                               joined(cpu_isas(false)) + "; this CPU runs: " + joined(cpu_isas(true)) + ")");
 }
 
-at::Tensor preimage_gd_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
-                           double gamma, int64_t steps, const at::Tensor& lr) {
+Tensor preimage_gd_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
+                           double gamma, int64_t steps, const Tensor& lr) {
   return active().preimage_gd(Z0, B, T, gamma, steps, lr);
 }
-at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& A,
+Tensor preimage_fixed_point_cpu(const Tensor& Z0, const Tensor& B, const Tensor& A,
                                     double gamma, int64_t steps) {
   return active().preimage_fixed_point(Z0, B, A, gamma, steps);
 }
-at::Tensor preimage_gd_span_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
-                                double gamma, int64_t steps, const at::Tensor& lr) {
+Tensor preimage_gd_span_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
+                                double gamma, int64_t steps, const Tensor& lr) {
   return active().preimage_gd_span(Z0, B, T, gamma, steps, lr);
 }
-at::Tensor preimage_fixed_point_span_cpu(const at::Tensor& Z0, const at::Tensor& B,
-                                         const at::Tensor& A, double gamma, int64_t steps) {
+Tensor preimage_fixed_point_span_cpu(const Tensor& Z0, const Tensor& B,
+                                         const Tensor& A, double gamma, int64_t steps) {
   return active().preimage_fixed_point_span(Z0, B, A, gamma, steps);
 }
-at::Tensor rbf_matmul_cpu(const at::Tensor& X, const at::Tensor& Y, const at::Tensor& V, double gamma) {
+Tensor rbf_matmul_cpu(const Tensor& X, const Tensor& Y, const Tensor& V, double gamma) {
   return active().rbf_matmul(X, Y, V, gamma);
 }
-at::Tensor rbf_gram_cpu(const at::Tensor& X, const c10::optional<at::Tensor>& Y, double gamma) {
+Tensor rbf_gram_cpu(const Tensor& X, const std::optional<Tensor>& Y, double gamma) {
   return active().rbf_gram(X, Y, gamma);
 }
-at::Tensor kmeanspp_cpu(const at::Tensor& X, const at::Tensor& offsets, int64_t k, int64_t seed) {
+Tensor kmeanspp_cpu(const Tensor& X, const Tensor& offsets, int64_t k, int64_t seed) {
   return active().kmeanspp(X, offsets, k, seed);
 }
-std::vector<at::Tensor> kmeans_lloyd_cpu(const at::Tensor& X, const at::Tensor& offsets,
-                                         const at::Tensor& centers, int64_t iters) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> kmeans_lloyd_cpu(const Tensor& X, const Tensor& offsets,
+                                         const Tensor& centers, int64_t iters) {
   return active().kmeans_lloyd(X, offsets, centers, iters);
 }
 

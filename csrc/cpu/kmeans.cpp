@@ -6,7 +6,6 @@
 //   assign (nearest centre, |x|^2 + |c|^2 - 2<x, c> clamped at 0, first on ties); stop if no
 //   label changed; centres <- means of their points (an emptied cluster keeps its centre);
 // at most iters + 1 assignments. Centre sums are accumulated in double.
-#include <ATen/Parallel.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -203,70 +202,65 @@ void all_sets(const T* x, const int64_t* o, const std::vector<int64_t>& order, i
 
 }  // namespace
 
-at::Tensor kmeanspp_cpu(const at::Tensor& X_, const at::Tensor& offsets_, int64_t k, int64_t seed) {
-  TORCH_CHECK_VALUE(X_.device().is_cpu() && offsets_.device().is_cpu(),
-                    "kmeanspp: the native CPU kernel takes CPU tensors (X, offsets)");
-  TORCH_CHECK_TYPE(X_.scalar_type() == at::kFloat || X_.scalar_type() == at::kDouble,
-                   "kmeanspp: X must be float32 or float64, got ", X_.scalar_type());
-  TORCH_CHECK_TYPE(offsets_.scalar_type() == at::kLong, "kmeanspp: offsets must be int64");
-  TORCH_CHECK_VALUE(X_.dim() == 2 && offsets_.dim() == 1 && offsets_.size(0) >= 1,
-                    "kmeanspp: X must be (N, D) and offsets (m+1,)");
-  TORCH_CHECK_VALUE(k >= 1, "kmeanspp: k must be >= 1, got ", k);
-  auto X = X_.contiguous(), off = offsets_.contiguous();
+Tensor kmeanspp_cpu(const Tensor& X_, const Tensor& offsets_, int64_t k, int64_t seed) {
+  GK_CHECK_VALUE(X_.is_cpu() && offsets_.is_cpu(), "kmeanspp: the native CPU kernel takes CPU tensors (X, offsets)");
+  GK_CHECK_TYPE(st::is_floating(X_), "kmeanspp: X must be float32 or float64");
+  GK_CHECK_TYPE(offsets_.scalar_type() == ScalarType::Long, "kmeanspp: offsets must be int64");
+  GK_CHECK_VALUE(X_.dim() == 2 && offsets_.dim() == 1 && offsets_.size(0) >= 1,
+           "kmeanspp: X must be (N, D) and offsets (m+1,)");
+  GK_CHECK_VALUE(k >= 1, "kmeanspp: k must be >= 1, got ", k);
+  auto X = st::contiguous(X_), off = st::contiguous(offsets_);
   const int64_t m = off.size(0) - 1, D = X.size(1);
-  const int64_t* o = off.data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(o[0] == 0 && o[m] == X.size(0), "kmeanspp: offsets must run from 0 to N = ",
-                    X.size(0));
+  const int64_t* o = off.const_data_ptr<int64_t>();
+  GK_CHECK_VALUE(o[0] == 0 && o[m] == X.size(0), "kmeanspp: offsets must run from 0 to N = ", X.size(0));
   for (int64_t j = 0; j < m; ++j)
-    TORCH_CHECK_VALUE(o[j + 1] - o[j] >= k, "kmeanspp: set ", j, " has ", o[j + 1] - o[j],
-                      " points, fewer than k = ", k);
-  auto centers = at::empty({m, k, D}, X.options());
-  const int nt = std::max(1, at::get_num_threads());
-  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "kmeanspp_cpu", [&] {
-    init_sets<scalar_t>(X.data_ptr<scalar_t>(), o, m, D, k, uint64_t(seed), nt,
-                        centers.data_ptr<scalar_t>());
+    GK_CHECK_VALUE(o[j + 1] - o[j] >= k, "kmeanspp: set ", j, " has ", o[j + 1] - o[j],
+             " points, fewer than k = ", k);
+  auto centers = st::empty(X, {m, k, D});
+  const int nt = std::max(1, st::num_threads());
+  st::dispatch_floating(X, [&](auto tag) {
+    using scalar_t = decltype(tag);
+    init_sets<scalar_t>(X.const_data_ptr<scalar_t>(), o, m, D, k, uint64_t(seed), nt,
+                        centers.mutable_data_ptr<scalar_t>());
   });
   return centers;
 }
 
-std::vector<at::Tensor> kmeans_lloyd_cpu(const at::Tensor& X_, const at::Tensor& offsets_,
-                                         const at::Tensor& centers_, int64_t iters) {
-  TORCH_CHECK_VALUE(X_.device().is_cpu() && offsets_.device().is_cpu() && centers_.device().is_cpu(),
-                    "kmeans_lloyd: the native CPU kernel takes CPU tensors (X, offsets, centers)");
-  TORCH_CHECK_TYPE(X_.scalar_type() == at::kFloat || X_.scalar_type() == at::kDouble,
-                   "kmeans_lloyd: X must be float32 or float64, got ", X_.scalar_type());
-  TORCH_CHECK_TYPE(centers_.scalar_type() == X_.scalar_type(),
-                   "kmeans_lloyd: centers must have X's dtype");
-  TORCH_CHECK_TYPE(offsets_.scalar_type() == at::kLong, "kmeans_lloyd: offsets must be int64");
-  TORCH_CHECK_VALUE(X_.dim() == 2 && offsets_.dim() == 1 && offsets_.size(0) >= 1 && centers_.dim() == 3,
-                    "kmeans_lloyd: X must be (N, D), offsets (m+1,), centers (m, k, D)");
+std::tuple<Tensor, Tensor, Tensor, Tensor> kmeans_lloyd_cpu(const Tensor& X_, const Tensor& offsets_,
+                                                             const Tensor& centers_, int64_t iters) {
+  GK_CHECK_VALUE(X_.is_cpu() && offsets_.is_cpu() && centers_.is_cpu(),
+           "kmeans_lloyd: the native CPU kernel takes CPU tensors (X, offsets, centers)");
+  GK_CHECK_TYPE(st::is_floating(X_), "kmeans_lloyd: X must be float32 or float64");
+  GK_CHECK_TYPE(centers_.scalar_type() == X_.scalar_type(), "kmeans_lloyd: centers must have X's dtype");
+  GK_CHECK_TYPE(offsets_.scalar_type() == ScalarType::Long, "kmeans_lloyd: offsets must be int64");
+  GK_CHECK_VALUE(X_.dim() == 2 && offsets_.dim() == 1 && offsets_.size(0) >= 1 && centers_.dim() == 3,
+           "kmeans_lloyd: X must be (N, D), offsets (m+1,), centers (m, k, D)");
   const int64_t m = offsets_.size(0) - 1, D = X_.size(1);
-  TORCH_CHECK_VALUE(centers_.size(0) == m && centers_.size(2) == D,
-                    "kmeans_lloyd: centers must have shape (m, k, D) = (", m, ", k, ", D, "), got ",
-                    centers_.sizes());
-  TORCH_CHECK_VALUE(iters >= 0, "kmeans_lloyd: iters must be >= 0, got ", iters);
-  auto X = X_.contiguous(), off = offsets_.contiguous();
-  auto centers = centers_.contiguous().clone();
+  GK_CHECK_VALUE(centers_.size(0) == m && centers_.size(2) == D,
+           "kmeans_lloyd: centers must have shape (m, k, D) = (", m, ", k, ", D, ")");
+  GK_CHECK_VALUE(iters >= 0, "kmeans_lloyd: iters must be >= 0, got ", iters);
+  auto X = st::contiguous(X_), off = st::contiguous(offsets_);
+  auto centers = st::clone(st::contiguous(centers_));
   const int64_t k = centers.size(1);
-  TORCH_CHECK_VALUE(k >= 1, "kmeans_lloyd: centers must hold k >= 1 centres per set");
-  const int64_t* o = off.data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(o[0] == 0 && o[m] == X.size(0), "kmeans_lloyd: offsets must run from 0 to N = ",
-                    X.size(0));
+  GK_CHECK_VALUE(k >= 1, "kmeans_lloyd: centers must hold k >= 1 centres per set");
+  const int64_t* o = off.const_data_ptr<int64_t>();
+  GK_CHECK_VALUE(o[0] == 0 && o[m] == X.size(0), "kmeans_lloyd: offsets must run from 0 to N = ", X.size(0));
   for (int64_t j = 0; j < m; ++j)
-    TORCH_CHECK_VALUE(o[j + 1] - o[j] >= k, "kmeans_lloyd: set ", j, " has ", o[j + 1] - o[j],
-                      " points, fewer than k = ", k);
-  auto labels = at::empty({X.size(0)}, off.options());
-  auto passes = at::empty({m}, off.options());
-  auto inertia = at::empty({m}, off.options().dtype(at::kDouble));
+    GK_CHECK_VALUE(o[j + 1] - o[j] >= k, "kmeans_lloyd: set ", j, " has ", o[j + 1] - o[j],
+             " points, fewer than k = ", k);
+  auto labels = st::empty(off, {X.size(0)});
+  auto passes = st::empty(off, {m});
+  auto inertia = st::empty(off, {m}, ScalarType::Double);
   std::vector<int64_t> order(m);  // largest sets first: dynamic scheduling balances the tail
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return o[a + 1] - o[a] > o[b + 1] - o[b]; });
-  const int nt = std::max(1, at::get_num_threads());
-  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "kmeans_lloyd_cpu", [&] {
-    all_sets<scalar_t>(X.data_ptr<scalar_t>(), o, order, D, k, iters, nt,
-                       centers.data_ptr<scalar_t>(), labels.data_ptr<int64_t>(),
-                       passes.data_ptr<int64_t>(), inertia.data_ptr<double>());
+  const int nt = std::max(1, st::num_threads());
+  st::dispatch_floating(X, [&](auto tag) {
+    using scalar_t = decltype(tag);
+    all_sets<scalar_t>(X.const_data_ptr<scalar_t>(), o, order, D, k, iters, nt,
+                       centers.mutable_data_ptr<scalar_t>(), labels.mutable_data_ptr<int64_t>(),
+                       passes.mutable_data_ptr<int64_t>(), inertia.mutable_data_ptr<double>());
   });
   return {labels, centers, passes, inertia};
 }

@@ -179,31 +179,26 @@ struct PreimageKernel {
 
 }  // namespace
 
-void preimage::check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B,
-                                     const at::Tensor& C, const char* cname) {
-  TORCH_CHECK_VALUE(Z0.device().is_cpu() && B.device().is_cpu() && C.device().is_cpu(), op,
-                    ": the native CPU kernel takes CPU tensors (Z0, B, ", cname, ")");
-  TORCH_CHECK_TYPE(Z0.scalar_type() == at::kFloat || Z0.scalar_type() == at::kDouble, op,
-                   ": Z0 must be float32 or float64, got ", Z0.scalar_type());
-  TORCH_CHECK_TYPE(B.scalar_type() == Z0.scalar_type() && C.scalar_type() == Z0.scalar_type(),
-                   op, ": Z0, B and ", cname, " must share one dtype, got ", Z0.scalar_type(),
-                   ", ", B.scalar_type(), ", ", C.scalar_type());
-  TORCH_CHECK_VALUE(Z0.dim() == 2 && B.dim() == 2 && C.dim() == 2, op, ": Z0, B and ", cname,
-                    " must be 2-D");
-  TORCH_CHECK_VALUE(B.size(1) == Z0.size(1), op, ": B has D=", B.size(1), " but Z0 has D=",
-                    Z0.size(1));
-  TORCH_CHECK_VALUE(C.size(0) == Z0.size(0) && C.size(1) == B.size(0), op, ": ", cname,
-                    " must have shape (b, S) = (", Z0.size(0), ", ", B.size(0), "), got ",
-                    C.sizes());
+void preimage::check_preimage_inputs(const char* op, const Tensor& Z0, const Tensor& B,
+                                     const Tensor& C, const char* cname) {
+  GK_CHECK_VALUE(Z0.is_cpu() && B.is_cpu() && C.is_cpu(), op,
+           ": the native CPU kernel takes CPU tensors (Z0, B, ", cname, ")");
+  GK_CHECK_TYPE(st::is_floating(Z0), op, ": Z0 must be float32 or float64");
+  GK_CHECK_TYPE(B.scalar_type() == Z0.scalar_type() && C.scalar_type() == Z0.scalar_type(), op,
+           ": Z0, B and ", cname, " must share one dtype");
+  GK_CHECK_VALUE(Z0.dim() == 2 && B.dim() == 2 && C.dim() == 2, op, ": Z0, B and ", cname, " must be 2-D");
+  GK_CHECK_VALUE(B.size(1) == Z0.size(1), op, ": B has D=", B.size(1), " but Z0 has D=", Z0.size(1));
+  GK_CHECK_VALUE(C.size(0) == Z0.size(0) && C.size(1) == B.size(0), op, ": ", cname,
+           " must have shape (b, S) = (", Z0.size(0), ", ", B.size(0), ")");
 }
 
 // The entry points: preimage.h's run_entry (argument checks, tile width) with this kernel.
-at::Tensor preimage_gd_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
-                           double gamma, int64_t steps, const at::Tensor& lr) {
+Tensor preimage_gd_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
+                           double gamma, int64_t steps, const Tensor& lr) {
   return run_entry<Method::GD, PreimageKernel>("preimage_gd", Z0, B, T, gamma, steps, &lr);
 }
 
-at::Tensor preimage_fixed_point_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& A,
+Tensor preimage_fixed_point_cpu(const Tensor& Z0, const Tensor& B, const Tensor& A,
                                     double gamma, int64_t steps) {
   return run_entry<Method::FixedPoint, PreimageKernel>("preimage_fixed_point", Z0, B, A, gamma,
                                                        steps, nullptr);

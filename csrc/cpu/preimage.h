@@ -2,8 +2,6 @@
 // (preimage_span.cpp). One entry-point body (argument checks, contiguous inputs, the tile-width
 // dispatch), the packing of B into the panels both read, and the kernel-value weight both apply.
 #pragma once
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,8 +19,8 @@ enum class Method { GD, FixedPoint };
 
 // Shared argument checks of the pre-image entry points (Z0 (b, D), B (S, D), C (b, S), one dtype);
 // preimage.cpp.
-void check_preimage_inputs(const char* op, const at::Tensor& Z0, const at::Tensor& B,
-                           const at::Tensor& C, const char* cname);
+void check_preimage_inputs(const char* op, const Tensor& Z0, const Tensor& B, const Tensor& C,
+                           const char* cname);
 
 // One call's inputs, contiguous, as the entry point hands them to a kernel.
 template <typename T>
@@ -35,7 +33,7 @@ struct Inputs {
   const T* coef;   // (b, S): targets T (gd) or expansion coefficients A (fixed point)
   const T* lr;     // (b,) gd only
   T* out;          // (b, D)
-  int nthreads;    // at::get_num_threads() at the call: the tile width's and the loops'
+  int nthreads;    // torch's thread count at the call: the tile width's and the loops'
 };
 
 // The body of every pre-image entry point: checks the arguments (errors name op), then runs
@@ -43,31 +41,31 @@ struct Inputs {
 // targets T (gd) or the coefficients A (fixed point); lr is given for gd only. steps = 0 returns
 // a copy of Z0, bit for bit (-0 kept).
 template <Method M, template <typename, int, int, Method> class Kernel>
-at::Tensor run_entry(const char* op, const at::Tensor& Z0_, const at::Tensor& B_,
-                     const at::Tensor& C_, double gamma, int64_t steps, const at::Tensor* lr_) {
+Tensor run_entry(const char* op, const Tensor& Z0_, const Tensor& B_, const Tensor& C_,
+                 double gamma, int64_t steps, const Tensor* lr_) {
   check_preimage_inputs(op, Z0_, B_, C_, M == Method::GD ? "T" : "A");
-  TORCH_CHECK_VALUE(steps >= 0, op, ": steps must be >= 0, got ", steps);
-  TORCH_CHECK_VALUE(gamma > 0, op, ": gamma must be > 0, got ", gamma);
+  GK_CHECK_VALUE(steps >= 0, op, ": steps must be >= 0, got ", steps);
+  GK_CHECK_VALUE(gamma > 0, op, ": gamma must be > 0, got ", gamma);
   if (M == Method::GD) {
-    TORCH_CHECK_TYPE(lr_->scalar_type() == Z0_.scalar_type(), op, ": lr must have Z0's dtype");
-    TORCH_CHECK_VALUE(lr_->device().is_cpu() && lr_->dim() == 1 && lr_->size(0) == Z0_.size(0),
-                      op, ": lr must be a CPU tensor of shape (b,) = (", Z0_.size(0), ",), got ",
-                      lr_->sizes());
+    GK_CHECK_TYPE(lr_->scalar_type() == Z0_.scalar_type(), op, ": lr must have Z0's dtype");
+    GK_CHECK_VALUE(lr_->is_cpu() && lr_->dim() == 1 && lr_->size(0) == Z0_.size(0), op,
+             ": lr must be a CPU tensor of shape (b,) = (", Z0_.size(0), ",)");
   }
-  auto Z0 = Z0_.contiguous(), B = B_.contiguous(), C = C_.contiguous();
-  auto lr = M == Method::GD ? lr_->contiguous() : at::Tensor();
-  if (Z0.numel() == 0 || steps == 0) return Z0.clone();
-  auto out = at::empty_like(Z0);
-  // (AT_DISPATCH takes a literal name only; the dtype is checked above, so no error shows it)
-  AT_DISPATCH_FLOATING_TYPES(Z0.scalar_type(), "preimage_cpu", [&] {
+  auto Z0 = st::contiguous(Z0_), B = st::contiguous(B_), C = st::contiguous(C_);
+  std::optional<Tensor> lr;
+  if (M == Method::GD) lr = st::contiguous(*lr_);
+  if (Z0.numel() == 0 || steps == 0) return st::clone(Z0);
+  auto out = torch::stable::empty_like(Z0);
+  st::dispatch_floating(Z0, [&](auto tag) {
+    using scalar_t = decltype(tag);
     Inputs<scalar_t> in{};
     in.b = Z0.size(0); in.S = B.size(0); in.D = B.size(1); in.steps = steps;
     in.gamma = static_cast<scalar_t>(gamma);
     in.tiny = std::sqrt(std::numeric_limits<scalar_t>::min());
-    in.Z0 = Z0.data_ptr<scalar_t>(); in.B = B.data_ptr<scalar_t>();
-    in.coef = C.data_ptr<scalar_t>(); in.out = out.data_ptr<scalar_t>();
-    if (M == Method::GD) in.lr = lr.data_ptr<scalar_t>();
-    in.nthreads = std::max(1, at::get_num_threads());
+    in.Z0 = Z0.const_data_ptr<scalar_t>(); in.B = B.const_data_ptr<scalar_t>();
+    in.coef = C.const_data_ptr<scalar_t>(); in.out = out.mutable_data_ptr<scalar_t>();
+    if (M == Method::GD) in.lr = lr->const_data_ptr<scalar_t>();
+    in.nthreads = std::max(1, st::num_threads());
     simd::dispatch_width<scalar_t>(in.b, in.nthreads, [&](auto pv) {
       Kernel<scalar_t, decltype(pv)::value, simd::kNB, M>::run(in);
     });

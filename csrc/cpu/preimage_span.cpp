@@ -177,13 +177,13 @@ struct SpanKernel {
 
 // The entry points: preimage.h's run_entry (argument checks, tile width: simd.h's rule, as the
 // direct kernel, so every width computes the same bits) with this kernel.
-at::Tensor preimage_gd_span_cpu(const at::Tensor& Z0, const at::Tensor& B, const at::Tensor& T,
-                                double gamma, int64_t steps, const at::Tensor& lr) {
+Tensor preimage_gd_span_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
+                                double gamma, int64_t steps, const Tensor& lr) {
   return run_entry<Method::GD, SpanKernel>("preimage_gd_span", Z0, B, T, gamma, steps, &lr);
 }
 
-at::Tensor preimage_fixed_point_span_cpu(const at::Tensor& Z0, const at::Tensor& B,
-                                         const at::Tensor& A, double gamma, int64_t steps) {
+Tensor preimage_fixed_point_span_cpu(const Tensor& Z0, const Tensor& B,
+                                         const Tensor& A, double gamma, int64_t steps) {
   return run_entry<Method::FixedPoint, SpanKernel>("preimage_fixed_point_span", Z0, B, A, gamma,
                                                    steps, nullptr);
 }

@@ -5,8 +5,6 @@
 // Memory: out and the norms, O((n + m) p), plus one kRows x kCols tile per thread. Each row of
 // out is summed over the column blocks in one order, so the result does not depend on the
 // thread count.
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -29,7 +27,7 @@ constexpr int64_t kCols = 1024;
 template <typename T>
 std::vector<T> row_norms(const T* A, int64_t n, int64_t D) {
   std::vector<T> out(static_cast<size_t>(n));
-  at::parallel_for(0, n, 256, [&](int64_t lo, int64_t hi) {
+  st::parallel_for(0, n, 256, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const T* r = A + i * D;
       double acc = 0;  // once per call: accumulate in double
@@ -73,44 +71,40 @@ void kernel_tile(T* tile, int64_t rows, int64_t cols, int64_t ld, const T* xx, c
 
 }  // namespace
 
-at::Tensor rbf_matmul_cpu(const at::Tensor& X_, const at::Tensor& Y_, const at::Tensor& V_,
-                          double gamma) {
-  TORCH_CHECK_VALUE(X_.device().is_cpu() && Y_.device().is_cpu() && V_.device().is_cpu(),
-                    "rbf_matmul: the native CPU kernel takes CPU tensors (X, Y, V)");
-  TORCH_CHECK_TYPE(X_.scalar_type() == at::kFloat || X_.scalar_type() == at::kDouble,
-                   "rbf_matmul: X must be float32 or float64, got ", X_.scalar_type());
-  TORCH_CHECK_TYPE(Y_.scalar_type() == X_.scalar_type() && V_.scalar_type() == X_.scalar_type(),
-                   "rbf_matmul: X, Y and V must share one dtype, got ", X_.scalar_type(), ", ",
-                   Y_.scalar_type(), ", ", V_.scalar_type());
-  TORCH_CHECK_VALUE(X_.dim() == 2 && Y_.dim() == 2 && V_.dim() == 2, "rbf_matmul: X, Y and V must be 2-D");
-  TORCH_CHECK_VALUE(Y_.size(1) == X_.size(1), "rbf_matmul: Y has D=", Y_.size(1), " but X has D=",
-                    X_.size(1));
-  TORCH_CHECK_VALUE(V_.size(0) == Y_.size(0), "rbf_matmul: V must have one row per row of Y (",
-                    Y_.size(0), "), got shape ", V_.sizes());
-  TORCH_CHECK_VALUE(gamma > 0, "rbf_matmul: gamma must be > 0, got ", gamma);
-  auto X = X_.contiguous(), Y = Y_.contiguous(), V = V_.contiguous();
+Tensor rbf_matmul_cpu(const Tensor& X_, const Tensor& Y_, const Tensor& V_, double gamma) {
+  GK_CHECK_VALUE(X_.is_cpu() && Y_.is_cpu() && V_.is_cpu(),
+           "rbf_matmul: the native CPU kernel takes CPU tensors (X, Y, V)");
+  GK_CHECK_TYPE(st::is_floating(X_), "rbf_matmul: X must be float32 or float64");
+  GK_CHECK_TYPE(Y_.scalar_type() == X_.scalar_type() && V_.scalar_type() == X_.scalar_type(),
+           "rbf_matmul: X, Y and V must share one dtype");
+  GK_CHECK_VALUE(X_.dim() == 2 && Y_.dim() == 2 && V_.dim() == 2, "rbf_matmul: X, Y and V must be 2-D");
+  GK_CHECK_VALUE(Y_.size(1) == X_.size(1), "rbf_matmul: Y has D=", Y_.size(1), " but X has D=", X_.size(1));
+  GK_CHECK_VALUE(V_.size(0) == Y_.size(0), "rbf_matmul: V must have one row per row of Y (", Y_.size(0),
+           "), got ", V_.size(0));
+  GK_CHECK_VALUE(gamma > 0, "rbf_matmul: gamma must be > 0, got ", gamma);
+  auto X = st::contiguous(X_), Y = st::contiguous(Y_), V = st::contiguous(V_);
   const int64_t n = X.size(0), m = Y.size(0), D = X.size(1), p = V.size(1);
-  auto out = at::zeros({n, p}, X.options());
+  auto out = st::zeros(X, {n, p});
   if (n == 0 || m == 0 || p == 0) return out;
-  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "rbf_matmul_cpu", [&] {
-    using T = scalar_t;
-    const auto xx = row_norms(X.data_ptr<T>(), n, D);
-    const auto yy = row_norms(Y.data_ptr<T>(), m, D);
+  st::dispatch_floating(X, [&](auto tag) {
+    using T = decltype(tag);
+    const auto xx = row_norms(X.const_data_ptr<T>(), n, D);
+    const auto yy = row_norms(Y.const_data_ptr<T>(), m, D);
     const int64_t nblk = (n + kRows - 1) / kRows;
     const T g = static_cast<T>(gamma);
-    at::parallel_for(0, nblk, 1, [&](int64_t lo, int64_t hi) {
-      auto tile = at::empty({kRows, std::min(kCols, m)}, X.options());
+    st::parallel_for(0, nblk, 1, [&](int64_t lo, int64_t hi) {
+      auto tile = st::empty(X, {kRows, std::min(kCols, m)});
       for (int64_t blk = lo; blk < hi; ++blk) {
         const int64_t r0 = blk * kRows, rows = std::min(kRows, n - r0);
-        auto Xb = X.narrow(0, r0, rows);
-        auto ob = out.narrow(0, r0, rows);
+        auto Xb = st::narrow(X, 0, r0, rows);
+        auto ob = st::narrow(out, 0, r0, rows);
         for (int64_t c0 = 0; c0 < m; c0 += kCols) {
           const int64_t cols = std::min(kCols, m - c0);
-          at::Tensor Kt = cols == tile.size(1) ? tile.narrow(0, 0, rows)  // contiguous rows
-                                                : at::empty({rows, cols}, X.options());
-          at::mm_out(Kt, Xb, Y.narrow(0, c0, cols).t());
-          kernel_tile<T>(Kt.data_ptr<T>(), rows, cols, cols, xx.data() + r0, yy.data() + c0, g);
-          ob.addmm_(Kt, V.narrow(0, c0, cols));
+          Tensor Kt = cols == tile.size(1) ? st::narrow(tile, 0, 0, rows)  // contiguous rows
+                                           : st::empty(X, {rows, cols});
+          st::mm_out(Kt, Xb, st::transpose(st::narrow(Y, 0, c0, cols)));
+          kernel_tile<T>(Kt.mutable_data_ptr<T>(), rows, cols, cols, xx.data() + r0, yy.data() + c0, g);
+          st::addmm_(ob, Kt, st::narrow(V, 0, c0, cols));
         }
       }
     });
@@ -124,19 +118,19 @@ at::Tensor rbf_matmul_cpu(const at::Tensor& X_, const at::Tensor& Y_, const at::
 // not depend on the thread count). The cross Gram computes each tile in place in K; Y empty: the
 // symmetric Gram, only the tiles on and above the diagonal, in a tile buffer, copied up and
 // mirrored below it: exactly symmetric with a unit diagonal.
-at::Tensor rbf_gram_cpu(const at::Tensor& X_, const c10::optional<at::Tensor>& Y_opt, double gamma) {
-  TORCH_CHECK_VALUE(X_.device().is_cpu(), "rbf_gram: the native CPU kernel takes CPU tensors");
-  TORCH_CHECK_TYPE(X_.scalar_type() == at::kFloat || X_.scalar_type() == at::kDouble,
-                   "rbf_gram: X must be float32 or float64, got ", X_.scalar_type());
-  TORCH_CHECK_VALUE(X_.dim() == 2, "rbf_gram: X must be 2-D");
-  TORCH_CHECK_VALUE(gamma > 0, "rbf_gram: gamma must be > 0, got ", gamma);
+Tensor rbf_gram_cpu(const Tensor& X_, const std::optional<Tensor>& Y_opt, double gamma) {
+  GK_CHECK_VALUE(X_.is_cpu() && (!Y_opt.has_value() || Y_opt->is_cpu()),
+           "rbf_gram: the native CPU kernel takes CPU tensors");
+  GK_CHECK_TYPE(st::is_floating(X_), "rbf_gram: X must be float32 or float64");
+  GK_CHECK_VALUE(X_.dim() == 2, "rbf_gram: X must be 2-D");
+  GK_CHECK_VALUE(gamma > 0, "rbf_gram: gamma must be > 0, got ", gamma);
   const bool sym = !Y_opt.has_value();
-  auto X = X_.contiguous();
-  at::Tensor Y = sym ? X : Y_opt->contiguous();
-  TORCH_CHECK_TYPE(Y.scalar_type() == X.scalar_type(), "rbf_gram: X and Y must share one dtype");
-  TORCH_CHECK_VALUE(Y.dim() == 2 && Y.size(1) == X.size(1), "rbf_gram: Y must be (m, D) with X's D");
+  auto X = st::contiguous(X_);
+  Tensor Y = sym ? X : st::contiguous(*Y_opt);
+  GK_CHECK_TYPE(Y.scalar_type() == X.scalar_type(), "rbf_gram: X and Y must share one dtype");
+  GK_CHECK_VALUE(Y.dim() == 2 && Y.size(1) == X.size(1), "rbf_gram: Y must be (m, D) with X's D");
   const int64_t n = X.size(0), m = Y.size(0), D = X.size(1);
-  auto K = at::empty({n, m}, X.options());
+  auto K = st::empty(X, {n, m});
   if (n == 0 || m == 0) return K;
   const int64_t rb = (n + kRows - 1) / kRows, cb = (m + kCols - 1) / kCols;
   // the tiles to compute: (row block, column block) with, when symmetric, columns from the row
@@ -145,29 +139,30 @@ at::Tensor rbf_gram_cpu(const at::Tensor& X_, const c10::optional<at::Tensor>& Y
   for (int64_t i = 0; i < rb; ++i)
     for (int64_t j = 0; j < cb; ++j)
       if (!sym || (j + 1) * kCols > i * kRows) tiles.emplace_back(i, j);
-  AT_DISPATCH_FLOATING_TYPES(X.scalar_type(), "rbf_gram_cpu", [&] {
-    using T = scalar_t;
-    const auto xx = row_norms(X.data_ptr<T>(), n, D);
-    const auto yy = sym ? xx : row_norms(Y.data_ptr<T>(), m, D);
+  st::dispatch_floating(X, [&](auto tag) {
+    using T = decltype(tag);
+    const auto xx = row_norms(X.const_data_ptr<T>(), n, D);
+    const auto yy = sym ? xx : row_norms(Y.const_data_ptr<T>(), m, D);
     const T g = static_cast<T>(gamma);
-    T* k = K.data_ptr<T>();
-    at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t lo, int64_t hi) {
-      at::Tensor tile;  // the symmetric Gram's tile buffer (the cross Gram's tiles are in K)
-      if (sym) tile = at::empty({kRows, kCols}, X.options());
+    T* k = K.mutable_data_ptr<T>();
+    st::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t lo, int64_t hi) {
+      // the symmetric Gram's tile buffer (the cross Gram's tiles are in K)
+      std::optional<Tensor> tile;
+      if (sym) tile = st::empty(X, {kRows, kCols});
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t r0 = tiles[t].first * kRows, rows = std::min(kRows, n - r0);
         const int64_t c0 = tiles[t].second * kCols, cols = std::min(kCols, m - c0);
         if (!sym) {  // straight into the output: its rows are the tile's, stride m
-          at::Tensor Kt = K.narrow(0, r0, rows).narrow(1, c0, cols);
-          at::mm_out(Kt, X.narrow(0, r0, rows), Y.narrow(0, c0, cols).t());
-          kernel_tile<T>(Kt.data_ptr<T>(), rows, cols, Kt.stride(0), xx.data() + r0, yy.data() + c0, g);
+          Tensor Kt = st::narrow(st::narrow(K, 0, r0, rows), 1, c0, cols);
+          st::mm_out(Kt, st::narrow(X, 0, r0, rows), st::transpose(st::narrow(Y, 0, c0, cols)));
+          kernel_tile<T>(Kt.mutable_data_ptr<T>(), rows, cols, Kt.stride(0), xx.data() + r0,
+                         yy.data() + c0, g);
           continue;
         }
-        at::Tensor Kt = tile.narrow(0, 0, rows).narrow(1, 0, cols);
-        if (cols != kCols) Kt = at::empty({rows, cols}, X.options());
-        at::mm_out(Kt, X.narrow(0, r0, rows), Y.narrow(0, c0, cols).t());
-        kernel_tile<T>(Kt.data_ptr<T>(), rows, cols, cols, xx.data() + r0, yy.data() + c0, g);
-        T* src = Kt.data_ptr<T>();
+        Tensor Kt = cols == kCols ? st::narrow(*tile, 0, 0, rows) : st::empty(X, {rows, cols});
+        st::mm_out(Kt, st::narrow(X, 0, r0, rows), st::transpose(st::narrow(Y, 0, c0, cols)));
+        kernel_tile<T>(Kt.mutable_data_ptr<T>(), rows, cols, cols, xx.data() + r0, yy.data() + c0, g);
+        T* src = Kt.mutable_data_ptr<T>();
         for (int64_t i = 0; i < rows; ++i) {  // the tile's part on and above the diagonal
           const int64_t gi = r0 + i;
           if (gi >= c0 && gi < c0 + cols) src[i * cols + (gi - c0)] = T(1);  // exp(0) exactly

@@ -1,5 +1,5 @@
-"""Native backend: the compiled extensions ``geomkern._C`` (csrc/cpu, C++/OpenMP; built by
-setup.py) and ``geomkern._C_cuda`` (csrc/cuda, built only with a CUDA build of torch and nvcc).
+"""Native backend: the compiled libraries ``geomkern._C`` (csrc/cpu, C++/OpenMP on torch's stable
+ABI, one build for every torch >= 2.10; built by setup.py) and ``geomkern._C_cuda`` (csrc/cuda, built only with a CUDA build of torch and nvcc).
 
 :func:`kernels` is the one place that says which compiled kernel serves which op on which device
 (the native CPU/CUDA pair); an op a device has no kernel for runs on the reference there, as for
@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,68 @@ def _load(name: str, kernels: str, build: str, not_built: str | None = None) -> 
                                 f"rebuild it for this environment: {build}", True)
 
 
+_TAGGED = re.compile(r"\[geomkern (ValueError|TypeError)\] (.*)", re.S)
+_ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+class _CpuLibrary:
+    """geomkern._C as the backend calls it: the operators it registers with torch
+    (``torch.ops.geomkern_native``, csrc/geomkern.cpp) by name, and the variant choice checked here
+    so that a bad name is a ValueError with the variants listed."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        op = getattr(self._ops, name)
+
+        def call(*args, **kwargs):
+            try:
+                return op(*args, **kwargs)
+            except RuntimeError as exc:  # csrc/stable.h: the check says which Python type it is
+                m = _TAGGED.search(str(exc))
+                if m is None:
+                    raise
+                raise _ERRORS[m.group(1)](m.group(2)) from None
+
+        call.__name__ = name
+        return call
+
+    def select_cpu_isa(self, isa: str) -> None:
+        names, runnable = self._ops.cpu_isas(False), self._ops.cpu_isas(True)
+        if isa not in names:
+            raise ValueError(f"'{isa}' is not a variant of this build of geomkern._C (it has: "
+                             f"{', '.join(names)}; this CPU runs: {', '.join(runnable)})")
+        if isa not in runnable:
+            raise ValueError(f"'{isa}' needs instructions this CPU does not have (it runs: "
+                             f"{', '.join(runnable)})")
+        self._ops.select_cpu_isa(isa)
+
+
+def _load_cpu(build: str) -> _Extension:
+    """geomkern._C: a plain shared library on torch's stable ABI (no Python module), loaded with
+    torch.ops.load_library; its operators land in torch.ops.geomkern_native. The same file serves
+    every Python >= 3.10 and every torch >= 2.10 (setup.py)."""
+    kernels = "the native CPU kernels"
+    files = _compiled_files("_C")
+    if not files:
+        return _Extension(None, f"{kernels} are unavailable: geomkern._C is not built (no compiled file "
+                                f"in {_PACKAGE}); {build}", False)
+    lib = next((p for p in files if p.name == "_C.abi3.so"), files[0])
+    try:
+        torch.ops.load_library(str(lib))
+        ops = torch.ops.geomkern_native
+        ops.cpu_isa  # noqa: B018 - raises if the file registered no geomkern_native operators
+    except Exception as exc:  # an undefined symbol (torch older than 2.10), a foreign file
+        return _Extension(None, f"{kernels} are unavailable: geomkern._C is built ({lib.name}) but "
+                                f"cannot be loaded here (torch {torch.__version__}; it needs torch >= 2.10 "
+                                f"and a build of this geomkern): {type(exc).__name__}: {exc}; rebuild it for "
+                                f"this environment: {build}", True)
+    return _Extension(_CpuLibrary(ops), "", False)
+
+
 def _select_cpu_isa(ext: _Extension, isa: str) -> _Extension:
     """geomkern._C running the instruction-set variant ``isa`` (GEOMKERN_CPU_ISA; "" keeps the widest
     the CPU runs, which the library picks at load), or unavailable, saying why, if it has no such
@@ -92,7 +155,7 @@ def _select_cpu_isa(ext: _Extension, isa: str) -> _Extension:
 def _find() -> tuple[_Extension, _Extension]:
     """geomkern._C (on the variant GEOMKERN_CPU_ISA names, if set) and geomkern._C_cuda as this
     process finds them."""
-    return (_select_cpu_isa(_load("_C", "the native CPU kernels", _BUILD_CPU),
+    return (_select_cpu_isa(_load_cpu(_BUILD_CPU),
                             os.environ.get("GEOMKERN_CPU_ISA", "").strip()),
             _load("_C_cuda", "the native CUDA kernels", _BUILD_CUDA,
                   not_built="geomkern was not compiled with CUDA"))
