@@ -224,13 +224,14 @@ def wheel_from_sdist(tmp_path_factory):
     _run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
          "-w", tmp / "wheels", sdist, cwd=tmp)
     (wheel,) = (tmp / "wheels").glob("geomkern-*.whl")
-    return wheel
+    return sdist, wheel
 
 
 def _venv_with(tmp_path: Path, wheel: Path, *site_dirs: Path) -> Path:
     """A fresh venv that sees ``site_dirs`` (torch and the rest) through a .pth, in that order,
     with ``wheel`` installed into it; returns its python. (The machine's geomkern is an editable
     install whose finder lives in a .pth of its own, which a plain path entry does not run.)"""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     vpy = venv / "bin" / "python"
@@ -248,8 +249,9 @@ def test_sdist_builds_a_wheel_that_works_in_a_clean_venv(tmp_path, wheel_from_sd
     listed. The wheel holds no Python-version or torch-version binary: it is tagged abi3."""
     import torch
 
-    assert "-cp310-abi3-" in wheel_from_sdist.name, wheel_from_sdist.name
-    vpy = _venv_with(tmp_path, wheel_from_sdist, Path(torch.__file__).resolve().parents[1])
+    wheel = wheel_from_sdist[1]
+    assert "-cp310-abi3-" in wheel.name, wheel.name
+    vpy = _venv_with(tmp_path, wheel, Path(torch.__file__).resolve().parents[1])
     out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
     assert out.startswith("ok native"), out
 
@@ -269,20 +271,41 @@ def _other_torch_wheel() -> Path | None:
 
 
 def test_one_wheel_loads_into_another_torch(tmp_path, wheel_from_sdist):
-    """The same wheel, not rebuilt, in a venv whose torch is another version (geomkern._C is on
-    torch's stable ABI, setup.py): native listed, every op against the float64 reference."""
+    """geomkern._C is on torch's stable ABI (setup.py), so a wheel is not tied to the torch it was
+    built with. Both ways: this machine's wheel, not rebuilt, beside another torch version; and a
+    wheel built from the sdist against that other torch, beside this machine's torch. Each time:
+    native listed, every op against the float64 reference."""
+    import numpy
     import torch
 
     other = _other_torch_wheel()
     if other is None:
         pytest.skip("no CPU torch wheel of another version than this one in /opt/wheels "
                     "(set GEOMKERN_OTHER_TORCH_WHEEL)")
+    sdist, wheel = wheel_from_sdist
+    mine = Path(torch.__file__).resolve().parents[1]
+    numpy_site = Path(numpy.__file__).resolve().parents[1]
     site = tmp_path / "other-torch"
     _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", site, other,
          cwd=tmp_path)
-    vpy = _venv_with(tmp_path, wheel_from_sdist, site, Path(torch.__file__).resolve().parents[1])
+    want = other.name.split("-")[1].split("+")[0]
+    # this machine's wheel beside the other torch
+    vpy = _venv_with(tmp_path / "a", wheel, site, mine, numpy_site)
     version = _run(vpy, "-c", "import torch; print(torch.__version__)", cwd=tmp_path).stdout.strip()
-    assert version.split("+")[0] != torch.__version__.split("+")[0] and other.name.startswith(
-        f"torch-{version.split('+')[0]}"), (version, other.name)
+    assert version.split("+")[0] == want != torch.__version__.split("+")[0], (version, other.name)
+    out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
+    assert out.startswith("ok native"), out
+    # and the reverse: a wheel built from the sdist against the other torch, beside this one
+    build = tmp_path / "build-env"
+    _run(sys.executable, "-m", "venv", "--without-pip", build, cwd=tmp_path)
+    bpy = build / "bin" / "python"
+    purelib = Path(_run(bpy, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
+                        cwd=tmp_path).stdout.strip())
+    (purelib / "machine_packages.pth").write_text(f"{site}\n{mine}\n{numpy_site}\n")
+    assert _run(bpy, "-c", "import torch; print(torch.__version__)", cwd=tmp_path).stdout.startswith(want)
+    _run(bpy, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", tmp_path / "w2", sdist,
+         cwd=tmp_path)
+    (wheel2,) = (tmp_path / "w2").glob("geomkern-*.whl")
+    vpy = _venv_with(tmp_path / "b", wheel2, mine, numpy_site)
     out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
     assert out.startswith("ok native"), out
