@@ -205,3 +205,27 @@ def test_n_init_keeps_each_segments_best_start(backend, gen):
         assert torch.equal(best.labels[o[j]:o[j + 1]], s.labels[o[j]:o[j + 1]])
     with pytest.raises(ValueError, match="n_init"):
         gk.kmeans(X, 4, n_init=0)
+
+
+@pytest.mark.parametrize("backend", backends_for("kmeans"))
+def test_kmeans_reports_its_lloyd_passes(backend, seed):
+    """n_iter: per segment, the kept start's assignment passes: 1 with iters=0, at most iters + 1,
+    and on separated blobs fewer than the cap (the last pass found nothing to change)."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(4, 6, generator=g, dtype=torch.float64) * 30
+    X = torch.cat([centres[torch.arange(n) % 4] + torch.randn(n, 6, generator=g, dtype=torch.float64)
+                   for n in (40, 90, 25)])
+    off = torch.tensor([0, 40, 130, 155])
+    with gk.set_backend(backend):
+        once = gk.kmeans(X, 4, offsets=off, iters=0, seed=1, n_init=1)
+        full = gk.kmeans(X, 4, offsets=off, iters=100, seed=1, n_init=2)
+        single = gk.kmeans(X[:40], 4, iters=100, seed=1)
+    assert once.n_iter.dtype == torch.int64 and once.n_iter.tolist() == [1, 1, 1]
+    assert full.n_iter.shape == (3,) and bool(((full.n_iter >= 2) & (full.n_iter <= 100)).all()), full.n_iter
+    assert single.n_iter.dim() == 0 and 2 <= int(single.n_iter) <= 100
+    # where the data needs more passes than allowed, the count is the cap
+    Z = torch.randn(2000, 2, generator=g, dtype=torch.float64)
+    with gk.set_backend(backend):
+        free = gk.kmeans(Z, 12, iters=200, seed=3, n_init=1)
+        capped = gk.kmeans(Z, 12, iters=3, seed=3, n_init=1)
+    assert int(free.n_iter) > 4 and int(capped.n_iter) == 4, (free.n_iter, capped.n_iter)

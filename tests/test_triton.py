@@ -371,7 +371,7 @@ def _check_kmeans(device, dtype, sizes, k, D, seed):
         labels, centers = gk.kmeans(X, k, offsets=off, iters=20, seed=seed % 1000, n_init=1)
     # the float64 oracle on the CPU: one seed draws the same k-means++ starts on every device
     # and dtype (geomkern.ops.kmeans._draw; torch.multinomial on CUDA gave permuted labels)
-    ref_labels, ref_centers, _ = rkmeans.kmeans_reference(_d64(X), off.cpu(), k, 20, seed % 1000)
+    ref_labels, ref_centers, _, _ = rkmeans.kmeans_reference(_d64(X), off.cpu(), k, 20, seed % 1000)
     assert torch.equal(labels.cpu(), ref_labels), "labels differ from the reference's"
     assert_close_rel(centers, ref_centers, BOUND[dtype], "centers")
 

@@ -76,22 +76,32 @@ def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
 
     Segments are batched in size buckets (at most 2x padding per side), so the padded work
     arrays grow with the data, not with the number of segments times the largest one.
-    Returns labels (N,), centres (m, k, D) and each segment's inertia (m,) float64."""
+    Returns labels (N,), centres (m, k, D), each segment's inertia (m,) float64 and its assignment
+    passes (m,) int64 (the native kernel's count: the last pass found no change, unless the cap
+    of iters + 1 passes was reached)."""
     off = offsets.tolist()
     m, D = len(off) - 1, X.shape[1]
     gen = torch.Generator().manual_seed(seed)  # on the CPU for every device: see _draw
     labels_out = torch.empty(X.shape[0], dtype=torch.int64, device=X.device)
     centers_out = X.new_empty(m, k, D)
     inertia_out = torch.empty(m, dtype=torch.float64, device=X.device)
+    passes_out = torch.empty(m, dtype=torch.int64, device=X.device)
     for bucket in buckets([off[j + 1] - off[j] for j in range(m)], 2.0):
         Xp, mask, sizes = _pad(X, off, bucket)
         centers = _kmeanspp(Xp, mask, k, gen)
         weights = mask.to(X.dtype)
         labels = None
+        stable_at = torch.full((len(bucket),), -1, dtype=torch.int64, device=X.device)
+        passes = 0
         for _ in range(iters + 1):
             new_labels = assign(Xp, centers)  # (b, n)
-            if labels is not None and bool(((new_labels != labels) & mask).sum() == 0):
-                break  # assignments stable: centres are the means of their points
+            passes += 1
+            if labels is not None:
+                # a segment whose labels held still keeps them: its centres no longer move
+                same = ~((new_labels != labels) & mask).any(1)
+                stable_at = torch.where(same & (stable_at < 0), passes, stable_at)
+                if bool(same.all()):
+                    break  # assignments stable: centres are the means of their points
             labels = new_labels
             sums = torch.zeros_like(centers).scatter_add_(
                 1, labels.unsqueeze(-1).expand_as(Xp), Xp * weights.unsqueeze(-1))
@@ -101,11 +111,13 @@ def lloyd(X, offsets, k: int, iters: int, seed: int, assign):
         # exact differences in float64, not the GEMM expansion (~eps |x|^2 of roundoff per point)
         own = centers.double().gather(1, labels.unsqueeze(-1).expand(Xp.shape))
         inertia = ((Xp.double() - own).square_().sum(-1) * mask).sum(1)
+        seg_passes = torch.where(stable_at >= 0, stable_at, passes)
         for t, j in enumerate(bucket):
             labels_out[off[j]:off[j + 1]] = labels[t, :sizes[t]]
             centers_out[j] = centers[t]
             inertia_out[j] = inertia[t]
-    return labels_out, centers_out, inertia_out
+            passes_out[j] = seg_passes[t]
+    return labels_out, centers_out, inertia_out, passes_out
 
 
 def kmeans_reference(X, offsets, k: int, iters: int, seed: int, *, precision: str | None = None):
@@ -117,22 +129,26 @@ _dispatch.register("kmeans", "reference")(kmeans_reference)
 
 class KMeansResult(tuple):
     """What :func:`kmeans` returns: it unpacks as the pair ``labels, centers`` and carries
-    ``.inertia`` as an attribute only, as ``os.stat_result`` carries its extra fields (so code
-    written for the pair keeps working). Attributes: ``labels``, ``centers``, ``inertia``."""
+    ``.inertia`` and ``.n_iter`` as attributes only, as ``os.stat_result`` carries its extra fields
+    (so code written for the pair keeps working). Attributes: ``labels``, ``centers``, ``inertia``,
+    ``n_iter`` (int64: the kept start's Lloyd assignment passes, per segment with offsets)."""
 
-    def __new__(cls, labels: torch.Tensor, centers: torch.Tensor, inertia: torch.Tensor):
+    def __new__(cls, labels: torch.Tensor, centers: torch.Tensor, inertia: torch.Tensor,
+                n_iter: torch.Tensor | None = None):
         self = super().__new__(cls, (labels, centers))
         self.inertia = inertia
+        self.n_iter = n_iter
         return self
 
     def __getnewargs__(self):
-        return self[0], self[1], self.inertia
+        return self[0], self[1], self.inertia, self.n_iter
 
     labels = property(lambda self: self[0], doc="(N,) int64: each row's cluster within its segment")
     centers = property(lambda self: self[1], doc="(k, D), or (m, k, D) with offsets")
 
     def __repr__(self) -> str:
-        return f"KMeansResult(labels={self[0]!r}, centers={self[1]!r}, inertia={self.inertia!r})"
+        return (f"KMeansResult(labels={self[0]!r}, centers={self[1]!r}, inertia={self.inertia!r}, "
+                f"n_iter={self.n_iter!r})")
 
 
 def init_seed(seed: int, i: int) -> int:
@@ -144,11 +160,11 @@ def init_seed(seed: int, i: int) -> int:
 def _kmeans_fake(X, k, offsets, iters, seed, n_init, precision):
     m = 1 if offsets is None else offsets.shape[0] - 1
     return (X.new_empty(X.shape[0], dtype=torch.int64), X.new_empty(m, k, X.shape[1]),
-            X.new_empty(m, dtype=torch.float64))
+            X.new_empty(m, dtype=torch.float64), X.new_empty(m, dtype=torch.int64))
 
 
 @_library.op("kmeans", "(Tensor X, int k, Tensor? offsets, int iters, int seed, int n_init, str precision)"
-             " -> (Tensor, Tensor, Tensor)", _kmeans_fake)
+             " -> (Tensor, Tensor, Tensor, Tensor)", _kmeans_fake)
 def _kmeans_op(X, k, offsets, iters, seed, n_init, precision):
     X = _validate.tensor("X", X, ndim=2)
     batched = offsets is not None
@@ -163,15 +179,16 @@ def _kmeans_op(X, k, offsets, iters, seed, n_init, precision):
         raise ValueError(f"k={k} is larger than the number of points ({where} {int(sizes[j])}); "
                          "lower k")
     impl = _dispatch.implementation("kmeans", X.device.type)
-    labels, centers, inertia = impl(X, offsets, k, iters, init_seed(seed, 0), precision=precision)
+    labels, centers, inertia, n_iter = impl(X, offsets, k, iters, init_seed(seed, 0), precision=precision)
     for i in range(1, n_init):
-        lab_i, cen_i, in_i = impl(X, offsets, k, iters, init_seed(seed, i), precision=precision)
+        lab_i, cen_i, in_i, it_i = impl(X, offsets, k, iters, init_seed(seed, i), precision=precision)
         better = in_i < inertia  # per segment: ties keep the earlier start
         rows = torch.repeat_interleave(better, offsets[1:] - offsets[:-1])
         labels = torch.where(rows, lab_i, labels)
         centers = torch.where(better[:, None, None], cen_i, centers)
         inertia = torch.where(better, in_i, inertia)
-    return labels, centers, inertia
+        n_iter = torch.where(better, it_i, n_iter)
+    return labels, centers, inertia, n_iter
 
 
 def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iters: int = 50,
@@ -195,10 +212,10 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
     X = _validate.tensor_arg("X", X)
     if offsets is not None and not isinstance(offsets, torch.Tensor):
         _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)  # says how
-    labels, centers, inertia = _kmeans_op(
+    labels, centers, inertia, n_iter = _kmeans_op(
         X, _validate.positive_int("k", k), offsets, _validate.positive_int("iters", iters, minimum=0),
         _validate.positive_int("seed", seed, minimum=0), _validate.positive_int("n_init", n_init),
         _validate.precision(precision))
     if offsets is not None:
-        return KMeansResult(labels, centers, inertia)
-    return KMeansResult(labels, centers[0], inertia[0])
+        return KMeansResult(labels, centers, inertia, n_iter)
+    return KMeansResult(labels, centers[0], inertia[0], n_iter[0])

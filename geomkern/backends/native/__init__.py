@@ -255,8 +255,8 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
             # centres than the reference's for the same seed (equally good: tests/test_cpu_native.py)
             off = offsets.cpu()
             centres = C.kmeanspp(X, off, int(k), int(seed) & (2 ** 63 - 1))
-            labels, centres, _, inertia = C.kmeans_lloyd(X, off, centres, int(iters))
-            return labels, centres, inertia
+            labels, centres, passes, inertia = C.kmeans_lloyd(X, off, centres, int(iters))
+            return labels, centres, inertia, passes
 
         table["preimage_gd"] = {"cpu": preimage_gd}
         table["preimage_fixed_point"] = {"cpu": preimage_fixed_point}
