@@ -14,6 +14,8 @@ A lent machine is bare, offline, and held for minutes; this driver is the one pr
   schemes    the tf32x3 schemes as bare 4096^2 x 512 GEMMs, beside cuBLAS (float32, TF32), and
              the offset-cloud accuracy of rbf_gram (benchmarks/tf32x3_schemes.py)
   gpu_tests  the GPU-marked tests of the Triton kernels and the reference ops on CUDA tensors
+  findings   benchmarks/gpu_findings.py: the tf32 Gram, kpca eigenvalue and eigh-cost checks
+             behind session 9's fixes (docs/history.md section 21), re-measured
   native     (after the build) the CUDA C++ kernels' GPU tests
   rest       every other precision and float64 beside the model, the CUDA kernels' cases, then
              the GPU benchmark suites (eigh, Triton vs torch / torch.compile / KeOps)
@@ -274,6 +276,14 @@ def main() -> int:
         step("gpu_tests" if DRY else f"gpu_tests:{Path(f).stem}",
              [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(xml), f] + args,
              limit, env=tenv, reserve_s=60, extra=lambda xml=xml: junit_summary(xml))
+
+    # 5b. the numerical findings of session 9 re-measured (tf32 Gram against its rounded-operand
+    # model, the kpca eigenvalue error split, float64 eigh's cost; benchmarks/gpu_findings.py)
+    if DRY:
+        emit({"step": "findings", "kind": "step", "status": "skipped",
+              "why": "needs a GPU (benchmarks/gpu_findings.py measures on CUDA only)"})
+    else:
+        step("findings", [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL)], 60, reserve_s=60)
 
     # 6. the build, then the CUDA C++ kernels' tests
     def built():

@@ -38,6 +38,7 @@ def test_every_step_ran_and_succeeded(session):
     assert set(STEPS) <= set(steps), f"missing steps: {set(STEPS) - set(steps)}\n{stdout[-2000:]}"
     for name in STEPS:
         assert steps[name]["status"] == "ok", f"{name}: {steps[name]}"
+    assert steps["findings"]["status"] == "skipped" and "needs a GPU" in steps["findings"]["why"]
     assert recs[0]["kind"] == "env" and recs[0]["dry"] is True
     assert recs[-1]["kind"] == "end"
 
