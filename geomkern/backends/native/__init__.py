@@ -1,5 +1,6 @@
 """Native backend: the compiled libraries ``geomkern._C`` (csrc/cpu, C++/OpenMP on torch's stable
-ABI, one build for every torch >= 2.10; built by setup.py) and ``geomkern._C_cuda`` (csrc/cuda, built only with a CUDA build of torch and nvcc).
+ABI, one build for every torch >= 2.10; built by setup.py) and ``geomkern._C_cuda`` (csrc/cuda,
+built only with a CUDA build of torch and nvcc).
 
 :func:`kernels` is the one place that says which compiled kernel serves which op on which device
 (the native CPU/CUDA pair); an op a device has no kernel for runs on the reference there, as for
@@ -280,7 +281,8 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
             return w[..., :k], sign_fix(V[..., :k])  # the kernel sorts descending
 
         table.setdefault("eigh", {})["cuda"] = eigh
-        def preimage_gd(Z0, B, T, gamma, steps, lr, precision=None):  # csrc/cuda/preimage.cu
+
+        def preimage_gd_cuda(Z0, B, T, gamma, steps, lr, precision=None):  # csrc/cuda/preimage.cu
             S, D = B.shape
             points = C_cuda.preimage_gd_points(S, D, Z0.dtype == torch.float64, Z0.device.index or 0)
             if points <= 0:  # said here, before the kernel's own check (see cuda_ops.cpp)
@@ -291,7 +293,7 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
                 raise RuntimeError(why + "; use backend 'triton' or 'reference' for this problem")
             return C_cuda.preimage_gd(Z0, B, T, float(gamma), int(steps), lr)
 
-        table.setdefault("preimage_gd", {})["cuda"] = preimage_gd
+        table.setdefault("preimage_gd", {})["cuda"] = preimage_gd_cuda
     return table
 
 
