@@ -463,20 +463,21 @@ def _work_center(a, grid):
     return gm.Work(zeros, l2, zeros, hbm), {"flops": 0.0, "bytes": hbm, "exps": 0.0}
 
 
-def _work_segment_mean(a, grid):
+def _work_segment_sum(a, grid):
+    """grid (segments, column tiles, row chunks): program (j, t, c) reads chunk c's rows of
+    segment j (CHUNK rows, fewer at its end, none past it) in column tile t and writes one
+    partial sum row; the chunks' partials are summed afterwards (priced as their HBM bytes)."""
     X, Out = a["X"], a["Out"]
-    if "Offsets" in a:
-        off = _ints(a["Offsets"])
-        starts, ends = off[:-1], off[1:]
-    else:
-        starts, ends = _ints(a["Starts"]), _ints(a["Ends"])
-    D, BD = a["D"], a["BLOCK_D"]
+    starts, ends = _ints(a["Starts"]), _ints(a["Ends"])
+    D, BD, chunk = a["D"], a["BLOCK_D"], a["CHUNK"]
     e = _esize(X)
     l2 = []
-    for t in range(grid[1]):
-        for j in range(grid[0]):
-            l2.append((ends[j] - starts[j]) * _clamp(D - t * BD, 0, BD) * e)
-    hbm = sum(b - a_ for a_, b in zip(starts, ends)) * D * e + len(starts) * D * _esize(Out)
+    for c in range(grid[2]):  # program id 0 varies fastest
+        for t in range(grid[1]):
+            for j in range(grid[0]):
+                rows = _clamp(ends[j] - starts[j] - c * chunk, 0, chunk)
+                l2.append(rows * _clamp(D - t * BD, 0, BD) * e)
+    hbm = sum(b - a_ for a_, b in zip(starts, ends)) * D * e + 2 * grid[0] * grid[2] * D * _esize(Out)
     zeros = [0] * len(l2)
     return gm.Work(zeros, l2, zeros, hbm), {"flops": 0.0, "bytes": hbm, "exps": 0.0}
 
@@ -595,7 +596,7 @@ WORK = {
     "_cross_gram_kernel": _work_cross_gram,
     "_sym_gram_kernel": _work_sym_gram,
     "_center_kernel": _work_center,
-    "_segment_mean_kernel": _work_segment_mean,
+    "_segment_sum_kernel": _work_segment_sum,
     "_rbf_matmul_kernel": _work_rbf_matmul,
     "_projection_kernel": _work_projection,
     "_preimage_kernel": _work_preimage,

@@ -447,6 +447,27 @@ def test_rbf_matmul_split_over_y(device, precision, D, seed, run):
     run(_check_rbf_matmul, device, torch.float32, 20, 2100, 3, D, precision, seed)
 
 
+def _check_segment_means(device, dtype, sizes, D, seed):
+    gen = _gen(seed)
+    X = _randn(gen, sum(sizes), D, dtype=dtype, device=device, scale=2.0, shift=-3.0)
+    off = offsets_from_sizes(sizes).to(device)
+    with _poisoned():
+        M = tkpca.segment_means(X, off[:-1], off[1:], max(sizes))
+    assert M.shape == (len(sizes), D) and M.dtype == _common.compute_dtype(dtype)
+    o = off.tolist()
+    for j, n in enumerate(sizes):
+        ref = _d64(X[o[j]:o[j + 1]]).mean(0) if n else torch.zeros(D, dtype=torch.float64)
+        assert_close_rel(M[j], ref, BOUND[dtype], f"segment {j} (n={n}) mean")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_segment_means_over_row_chunks(device, dtype, seed, run):
+    # segments of 0, 1, 256 (one whole chunk), 257 and 700 rows: several row chunks per segment,
+    # ragged last chunks, chunks past a short segment's end; D 130 crosses a column tile
+    run(_check_segment_means, device, dtype, [0, 1, 256, 257, 700], 130, seed)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("center", (False, True))
 @pytest.mark.parametrize("sizes", ([1], [7, 0, 33, 2], [0, 40, 17]), ids=str)
