@@ -547,6 +547,59 @@ def test_kmeans_matches_reference(device, dtype, seed, run):
     run(_check_kmeans, device, dtype, [7, 33, 12], 3, 4, seed)
 
 
+def _triton_op_cases(device, seed):
+    gen = _gen(seed)
+    X = _randn(gen, 70, 9, dtype=torch.float32, device=device, shift=1.5)
+    Y = _randn(gen, 33, 9, dtype=torch.float32, device=device)
+    V = _randn(gen, 33, 4, dtype=torch.float32, device=device)
+    off = offsets_from_sizes([30, 0, 40]).to(device)
+    alphas = _randn(gen, 70, 3, dtype=torch.float32, device=device)
+    Xb, Cb = X[:66].reshape(3, 22, 9), _randn(gen, 3, 5, 9, dtype=torch.float32, device=device)
+    ops = torch.ops.geomkern_triton
+    return [  # (operator call, the launcher it wraps)
+        (lambda: ops.rbf_gram(X, None, 0.2, True, "tf32x3"), lambda: trbf.rbf_gram(X, None, 0.2, True)),
+        (lambda: ops.rbf_gram(X, Y, 0.2, False, "ieee"), lambda: trbf.rbf_gram(X, Y, 0.2, False, "ieee")),
+        (lambda: ops.rbf_matmul(X, Y, V, 0.2, "tf32x3"), lambda: trbf.rbf_matmul(X, Y, V, 0.2)),
+        (lambda: ops.project_onto_basis(X, alphas, off, Y, 0.2, "tf32x3"),
+         lambda: tkpca.project_onto_basis(X, alphas, off, Y, 0.2)),
+        (lambda: ops.kmeans_assign(Xb, Cb, "tf32x3"), lambda: tkmeans.assign(Xb, Cb)),
+    ]
+
+
+def _check_triton_ops(device, seed):
+    """The launchers registered with torch.library.triton_op: their schemas, and in eager mode
+    the same bits as the launchers they wrap."""
+    schema = str(torch.ops.geomkern_triton.rbf_gram.default._schema)
+    assert schema == ("geomkern_triton::rbf_gram(Tensor X, Tensor? Y, float gamma, bool center, "
+                      "str precision) -> Tensor"), schema
+    for op, launcher in _triton_op_cases(device, seed):
+        got, want = op(), launcher()
+        assert got.shape == want.shape and torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"kmeans_assign takes batched X \(m, n, D\)"):
+        torch.ops.geomkern_triton.kmeans_assign(torch.zeros(4, 3, device=device),
+                                                torch.zeros(2, 3, device=device), "tf32x3")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_launchers_are_torch_operators(device, seed, run):
+    run(_check_triton_ops, device, seed)
+
+
+@pytest.mark.gpu
+def test_triton_operators_compile_fullgraph(seed):
+    """On a GPU, torch.compile(fullgraph=True) over the triton_op operators (their kernels inside
+    the graph, wrap_triton) matches eager mode."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    for op, _ in _triton_op_cases("cuda", seed):
+        eager = op()
+        compiled = torch.compile(op, fullgraph=True)()
+        if eager.is_floating_point():
+            assert_close_rel(compiled, eager.double(), 1e-6, "compiled against eager")
+        else:
+            assert torch.equal(compiled, eager)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_dispatch_routes_triton_ops(device, run):
     run(_check_dispatch, device)

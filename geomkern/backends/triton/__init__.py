@@ -6,8 +6,11 @@ imports, for the device types of ``_common.DEVICES``. Nothing here
 imports triton at geomkern's import time: the dispatcher imports this package on first use.
 
 The kernels run on CUDA tensors; with ``TRITON_INTERPRET=1`` set before this package is imported
-they run (slowly, for tests) on CPU tensors. None is preferred by ``auto``: an op moves to Triton
-only once a recorded GPU benchmark (benchmarks/test_triton_gpu.py) shows it winning.
+they run (slowly, for tests) on CPU tensors. ``auto`` takes Triton on CUDA for rbf_gram, rbf_matmul
+and project_onto_basis, the ops a recorded H100 benchmark measured faster than the reference (the
+notes at their registrations). Every kernel is launched through ``_common.launch``
+(torch.library.wrap_triton), and rbf_gram, rbf_matmul, project_onto_basis and the K-Means
+assignment are torch operators too (``torch.ops.geomkern_triton.*``, torch.library.triton_op).
 """
 from __future__ import annotations
 

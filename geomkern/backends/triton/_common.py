@@ -6,9 +6,18 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 from ..._validate import DEFAULT_PRECISION, PRECISIONS  # noqa: F401  (the public choices)
 from ...ops.rbf import shift_rows
+
+
+def launch(kernel):
+    """kernel, launchable as ``launch(kernel)[grid](...)``: every launcher starts its kernels so,
+    through torch.library.wrap_triton, so that the launchers registered as torch operators with
+    torch.library.triton_op (torch.ops.geomkern_triton.*) show their kernels to torch.compile on a
+    GPU; outside a trace it launches the kernel as ``kernel[grid](...)`` would."""
+    return wrap_triton(kernel)
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:

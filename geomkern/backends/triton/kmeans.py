@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op
 
 from ... import _dispatch
 from ...ops.kmeans import lloyd
@@ -98,7 +99,7 @@ def assign(X: torch.Tensor, centers: torch.Tensor, precision: str = C.DEFAULT_PR
             BLOCK_M = C.block(n, 16, 32 if f64 else 64)
         acc = C.compute_dtype(X.dtype)
         cc = (Cb.to(acc) ** 2).sum(2)
-        _assign_kernel[(m, triton.cdiv(n, BLOCK_M))](
+        C.launch(_assign_kernel)[(m, triton.cdiv(n, BLOCK_M))](
             Xb, Cb, cc, labels, n, k, D, BLOCK_M=BLOCK_M, BLOCK_C=BLOCK_C,
             BLOCK_K=16 if f64 else 32, PRECISION=dot, ACC=C.acc_type(X.dtype),
             num_warps=8 if BLOCK_M >= 256 else 4)
@@ -113,3 +114,12 @@ def kmeans(X, offsets, k: int, iters: int, seed: int, *, precision: str = C.DEFA
 # --------------------------------------------------------------------------------- registration
 
 _dispatch.register("kmeans", "triton", devices=C.DEVICES)(kmeans)
+
+
+# the assignment step as a torch operator (rbf.py's note): batched X (m, n, D), centers (m, k, D)
+@triton_op("geomkern_triton::kmeans_assign", mutates_args=())
+def assign_op(X: torch.Tensor, centers: torch.Tensor, precision: str) -> torch.Tensor:
+    if X.dim() != 3 or centers.dim() != 3:
+        raise ValueError(f"kmeans_assign takes batched X (m, n, D) and centers (m, k, D), got "
+                         f"{tuple(X.shape)} and {tuple(centers.shape)}")
+    return assign(X, centers, precision)

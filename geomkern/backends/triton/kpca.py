@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op
 
 from ... import _dispatch
 from . import _common as C
@@ -88,7 +89,7 @@ def segment_means(X: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, nma
     chunks = max(1, triton.cdiv(int(nmax), _SUM_CHUNK))
     part = C.empty((m, chunks, D), acc, X.device)
     BLOCK_D = C.block(D, 16, 128)
-    _segment_sum_kernel[(m, triton.cdiv(D, BLOCK_D), chunks)](
+    C.launch(_segment_sum_kernel)[(m, triton.cdiv(D, BLOCK_D), chunks)](
         X, starts.contiguous(), ends.contiguous(), part, D, _SUM_CHUNK, BLOCK_R=32, BLOCK_D=BLOCK_D,
         ACC=C.acc_type(X.dtype))
     n = (ends - starts).to(acc).clamp_min(1)
@@ -151,7 +152,7 @@ def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = C.D
     splits = wave_splits(units, triton.cdiv(triton.cdiv(X.shape[0], max(m, 1)), BLOCK_A),
                          sm_count(X))
     part = out if splits == 1 else C.empty((splits, m, d, S), C.compute_dtype(X.dtype), X.device)
-    _projection_kernel[(m * splits, triton.cdiv(S, BLOCK_S), triton.cdiv(d, BLOCK_C))](
+    C.launch(_projection_kernel)[(m * splits, triton.cdiv(S, BLOCK_S), triton.cdiv(d, BLOCK_C))](
         X, alphas, offsets, B, C.scalars(X.device, X.dtype, gamma), part, D, S, d, splits,
         BLOCK_A=BLOCK_A, BLOCK_S=BLOCK_S, BLOCK_K=BLOCK_K, BLOCK_C=BLOCK_C,
         PRECISION=dot, ACC=C.acc_type(X.dtype), num_warps=warps)
@@ -167,3 +168,10 @@ _dispatch.register("kpca", "triton", devices=C.DEVICES)(centred_grams)
 # 100-2,000 points, S512, d8; 1.2e-6 relative to float64, the reference 8.6e-7: rbf.py's note)
 _dispatch.register("project_onto_basis", "triton", devices=C.DEVICES,
                    auto_on=("cuda",))(project_onto_basis)
+
+
+# as a torch operator (rbf.py's note)
+@triton_op("geomkern_triton::project_onto_basis", mutates_args=())
+def project_onto_basis_op(X: torch.Tensor, alphas: torch.Tensor, offsets: torch.Tensor, B: torch.Tensor,
+                          gamma: float, precision: str) -> torch.Tensor:
+    return project_onto_basis(X, alphas, offsets, B, gamma, precision)

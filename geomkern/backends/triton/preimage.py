@@ -144,7 +144,7 @@ def _launch(Z0, B, T, step, gamma: float, steps: int, fixed_point: bool, precisi
     # 128 points per product; float64 (DMMA: no wgmma) (64, 64). benchmarks/NOTES.md section 10.
     dot = C.dot_precision(Z0.dtype, precision)
     BM, BN, BK, warps = _tiles(Z0.dtype, dot)
-    _preimage_kernel[(triton.cdiv(b, BM),)](
+    C.launch(_preimage_kernel)[(triton.cdiv(b, BM),)](
         _desc(Z0, D, (BM, BN)), _desc(out, D, (BM, BK)), _desc(out, D, (BM, BN)),
         _desc(B, D, (BN, BK)), _desc(B, D, (BK, BN)), bb, _desc(T, S, (BM, BN)),
         step if step is not None else bb, C.scalars(Z0.device, Z0.dtype, gamma, tiny),

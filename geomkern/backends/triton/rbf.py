@@ -10,9 +10,12 @@ about float32's accuracy), or one ("tf32": about 1e-3 relative error on the dot,
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op
 
 from ... import _dispatch
 from . import _common as C
@@ -233,7 +236,7 @@ def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: i
     if m == 0 or nmax == 0:
         return out, (C.empty((m, nmax), acc, dev).zero_() if center else None)
     params = C.scalars(dev, dtype, gamma)
-    _sym_gram_kernel[(m, nt, nt)](
+    C.launch(_sym_gram_kernel)[(m, nt, nt)](
         C.dot_operands(X), starts, sizes, X if shifts is None else shifts.contiguous(), params, raw,
         row_sums, nmax, D, SHIFT=shifts is not None, ROW_SUMS=center,
         BLOCK=BLOCK, BLOCK_K=BLOCK_K, PRECISION=dot, ACC=C.acc_type(dtype), num_warps=warps)
@@ -242,7 +245,7 @@ def sym_gram(X: torch.Tensor, starts: torch.Tensor, sizes: torch.Tensor, nmax: i
     n = sizes.to(acc).clamp_min(1)
     row_means = row_sums.sum(1) / n[:, None]
     totals = row_means.sum(1) / n
-    _center_kernel[(m, nt, nt)](raw, out, row_means, totals, sizes, nmax, BLOCK=BLOCK,
+    C.launch(_center_kernel)[(m, nt, nt)](raw, out, row_means, totals, sizes, nmax, BLOCK=BLOCK,
                                 num_warps=warps)
     return out, row_means
 
@@ -266,7 +269,7 @@ def rbf_gram(X, Y, gamma: float, center: bool, precision: str = C.DEFAULT_PRECIS
     X, Y = C.shifted(X, Y, by=Y)  # Y's mean: each row of X's result independent of the batch
     dot = C.dot_precision(X.dtype, precision)
     BLOCK, BLOCK_K, warps = _tiles(max(n, m), D, X.dtype, dot)
-    _cross_gram_kernel[(triton.cdiv(n, BLOCK), triton.cdiv(m, BLOCK))](
+    C.launch(_cross_gram_kernel)[(triton.cdiv(n, BLOCK), triton.cdiv(m, BLOCK))](
         C.dot_operands(X), C.dot_operands(Y), C.scalars(dev, X.dtype, gamma), out, n, m, D,
         BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK_K, PRECISION=dot, ACC=C.acc_type(X.dtype),
         num_warps=warps)
@@ -348,7 +351,7 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
     part = out if splits == 1 else C.empty((splits, n, p), C.compute_dtype(X.dtype), X.device)
     acc = C.compute_dtype(X.dtype)
     xx, yy = (X.to(acc) ** 2).sum(1), (Y.to(acc) ** 2).sum(1)
-    _rbf_matmul_kernel[(triton.cdiv(n, BLOCK_M), triton.cdiv(p, BLOCK_P), splits)](
+    C.launch(_rbf_matmul_kernel)[(triton.cdiv(n, BLOCK_M), triton.cdiv(p, BLOCK_P), splits)](
         X, Y, V, xx, yy, C.scalars(X.device, X.dtype, gamma), part, n, m, D, p, y_chunk, BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, BLOCK_P=BLOCK_P, X_RESIDENT=resident,
         PRECISION=dot, ACC=C.acc_type(X.dtype), num_warps=warps)
@@ -367,3 +370,17 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
 # tests only: never auto there.
 _dispatch.register("rbf_gram", "triton", devices=C.DEVICES, auto_on=("cuda",))(rbf_gram)
 _dispatch.register("rbf_matmul", "triton", devices=C.DEVICES, auto_on=("cuda",))(rbf_matmul)
+
+
+# The launchers as torch operators (torch.ops.geomkern_triton.*, torch.library.triton_op): inside
+# torch.compile on a GPU their kernels (launched through _common.launch) are part of the graph.
+@triton_op("geomkern_triton::rbf_gram", mutates_args=())
+def rbf_gram_op(X: torch.Tensor, Y: Optional[torch.Tensor], gamma: float, center: bool,
+                precision: str) -> torch.Tensor:
+    return rbf_gram(X, Y, gamma, center, precision)
+
+
+@triton_op("geomkern_triton::rbf_matmul", mutates_args=())
+def rbf_matmul_op(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, gamma: float,
+                  precision: str) -> torch.Tensor:
+    return rbf_matmul(X, Y, V, gamma, precision)
