@@ -548,6 +548,7 @@ def test_kmeans_matches_reference(device, dtype, seed, run):
 
 
 def _triton_op_cases(device, seed):
+    import geomkern.backends.triton.operators  # noqa: F401  (registers torch.ops.geomkern_triton)
     gen = _gen(seed)
     X = _randn(gen, 70, 9, dtype=torch.float32, device=device, shift=1.5)
     Y = _randn(gen, 33, 9, dtype=torch.float32, device=device)
@@ -569,6 +570,7 @@ def _triton_op_cases(device, seed):
 def _check_triton_ops(device, seed):
     """The launchers registered with torch.library.triton_op: their schemas, and in eager mode
     the same bits as the launchers they wrap."""
+    import geomkern.backends.triton.operators  # noqa: F401  (registers torch.ops.geomkern_triton)
     schema = str(torch.ops.geomkern_triton.rbf_gram.default._schema)
     assert schema == ("geomkern_triton::rbf_gram(Tensor X, Tensor? Y, float gamma, bool center, "
                       "str precision) -> Tensor"), schema

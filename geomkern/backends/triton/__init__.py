@@ -9,8 +9,9 @@ The kernels run on CUDA tensors; with ``TRITON_INTERPRET=1`` set before this pac
 they run (slowly, for tests) on CPU tensors. ``auto`` takes Triton on CUDA for rbf_gram, rbf_matmul
 and project_onto_basis, the ops a recorded H100 benchmark measured faster than the reference (the
 notes at their registrations). Every kernel is launched through ``_common.launch``
-(torch.library.wrap_triton), and rbf_gram, rbf_matmul, project_onto_basis and the K-Means
-assignment are torch operators too (``torch.ops.geomkern_triton.*``, torch.library.triton_op).
+(torch.library.wrap_triton); importing ``geomkern.backends.triton.operators`` registers
+rbf_gram, rbf_matmul, project_onto_basis and the K-Means assignment as torch operators too
+(``torch.ops.geomkern_triton.*``, torch.library.triton_op), for torch.compile on a GPU.
 """
 from __future__ import annotations
 

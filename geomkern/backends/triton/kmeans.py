@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from ... import _dispatch
 from ...ops.kmeans import lloyd
@@ -115,11 +114,3 @@ def kmeans(X, offsets, k: int, iters: int, seed: int, *, precision: str = C.DEFA
 
 _dispatch.register("kmeans", "triton", devices=C.DEVICES)(kmeans)
 
-
-# the assignment step as a torch operator (rbf.py's note): batched X (m, n, D), centers (m, k, D)
-@triton_op("geomkern_triton::kmeans_assign", mutates_args=())
-def assign_op(X: torch.Tensor, centers: torch.Tensor, precision: str) -> torch.Tensor:
-    if X.dim() != 3 or centers.dim() != 3:
-        raise ValueError(f"kmeans_assign takes batched X (m, n, D) and centers (m, k, D), got "
-                         f"{tuple(X.shape)} and {tuple(centers.shape)}")
-    return assign(X, centers, precision)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from ... import _dispatch
 from . import _common as C
@@ -169,9 +168,3 @@ _dispatch.register("kpca", "triton", devices=C.DEVICES)(centred_grams)
 _dispatch.register("project_onto_basis", "triton", devices=C.DEVICES,
                    auto_on=("cuda",))(project_onto_basis)
 
-
-# as a torch operator (rbf.py's note)
-@triton_op("geomkern_triton::project_onto_basis", mutates_args=())
-def project_onto_basis_op(X: torch.Tensor, alphas: torch.Tensor, offsets: torch.Tensor, B: torch.Tensor,
-                          gamma: float, precision: str) -> torch.Tensor:
-    return project_onto_basis(X, alphas, offsets, B, gamma, precision)

@@ -10,12 +10,9 @@ about float32's accuracy), or one ("tf32": about 1e-3 relative error on the dot,
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op
 
 from ... import _dispatch
 from . import _common as C
@@ -371,16 +368,3 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
 _dispatch.register("rbf_gram", "triton", devices=C.DEVICES, auto_on=("cuda",))(rbf_gram)
 _dispatch.register("rbf_matmul", "triton", devices=C.DEVICES, auto_on=("cuda",))(rbf_matmul)
 
-
-# The launchers as torch operators (torch.ops.geomkern_triton.*, torch.library.triton_op): inside
-# torch.compile on a GPU their kernels (launched through _common.launch) are part of the graph.
-@triton_op("geomkern_triton::rbf_gram", mutates_args=())
-def rbf_gram_op(X: torch.Tensor, Y: Optional[torch.Tensor], gamma: float, center: bool,
-                precision: str) -> torch.Tensor:
-    return rbf_gram(X, Y, gamma, center, precision)
-
-
-@triton_op("geomkern_triton::rbf_matmul", mutates_args=())
-def rbf_matmul_op(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, gamma: float,
-                  precision: str) -> torch.Tensor:
-    return rbf_matmul(X, Y, V, gamma, precision)
