@@ -39,6 +39,19 @@ def test_import_geomkern_loads_no_fedsim_package():
     assert _loaded_after("import geomkern") == []
 
 
+def test_eager_use_does_not_import_the_compiler():
+    """Loading every backend and running ops eagerly imports neither torch._dynamo nor
+    torch._inductor (about 1 s: torch.library.triton_op imports both, which is why the Triton
+    operators register only on request, geomkern.backends.triton.operators)."""
+    res = _python("import sys, torch, geomkern as gk\n"
+                  "gk.available_backends()\n"
+                  "X = torch.randn(30, 4)\n"
+                  "gk.rbf_gram(X, gamma=0.3); gk.kmeans(X, 3); gk.rbf_matmul(X, X, X[:, :2], gamma=0.3)\n"
+                  "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout
+
+
 def test_fl_modules_load_only_the_accountants_scipy():
     baseline = "import torch, numpy, safetensors, dp_accounting.pld"
     assert _loaded_after("from geomkern import fedmc, ggeur, privacy", baseline) == []
