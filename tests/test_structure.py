@@ -1,13 +1,13 @@
 """The layering of geomkern (docs/design.md): its modules import each other without a cycle, and
 no import of a geomkern module hides inside a function (the trick that keeps a circle alive).
-Read from the source with ast, so a new import shows up here before it can bite at run time."""
+Read from the source with ast, so a new import shows up here before it can bite at run time.
+The helpers take the package name so that fedsim can be held to the same rules (issue 30)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PKG = ROOT / "geomkern"
 
 
 def _module_name(path: Path) -> str:
@@ -17,12 +17,12 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PKG.rglob("*.py")}
+def _modules(package: str = "geomkern") -> dict[str, Path]:
+    return {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
 
 
 def _imports(path: Path, modules: dict[str, Path]):
-    """(target module, lineno, inside a function?) for every import of a geomkern module."""
+    """(target module, lineno, inside a function?) for every import of a module in `modules`."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(), str(path))
@@ -56,8 +56,8 @@ def _imports(path: Path, modules: dict[str, Path]):
                 yield t, node.lineno, in_function(node)
 
 
-def _graph():
-    modules = _modules()
+def _graph(package: str = "geomkern"):
+    modules = _modules(package)
     return {name: {t for t, _, _ in _imports(path, modules)} - {name} for name, path in modules.items()}
 
 
@@ -96,6 +96,12 @@ def test_the_graph_sees_relative_imports():
     assert "geomkern._dispatch" in graph["geomkern.ops.kpca"]
     assert "geomkern.ops.eigh" in graph["geomkern.backends.native"]
     assert len(graph) > 15
+
+
+def test_the_graph_reads_fedsim_too():
+    graph = _graph("fedsim")
+    assert "fedsim.algorithms.base" in graph["fedsim.algorithms.fedopt"]
+    assert not any(name.startswith("geomkern") for name in graph)
 
 
 def test_geomkern_imports_without_a_cycle():
