@@ -56,9 +56,10 @@ def _imports(path: Path, modules: dict[str, Path]):
                 yield t, node.lineno, in_function(node)
 
 
-def _graph(package: str = "geomkern"):
+def _graph(package: str = "geomkern", top_level_only: bool = False):
     modules = _modules(package)
-    return {name: {t for t, _, _ in _imports(path, modules)} - {name} for name, path in modules.items()}
+    return {name: {t for t, _, inside in _imports(path, modules) if not (top_level_only and inside)} - {name}
+            for name, path in modules.items()}
 
 
 def _find_cycle(graph):
@@ -118,3 +119,11 @@ def test_no_geomkern_import_inside_a_function():
     hidden = [f"{path.relative_to(ROOT)}:{line} imports {t}"
               for path in modules.values() for t, line, inside in _imports(path, modules) if inside]
     assert not hidden, hidden
+
+
+def test_fedsim_top_level_imports_without_a_cycle():
+    """A first step for fedsim (issue 30): its top-level imports form no cycle (the algorithm
+    registry lives in algorithms/_registry.py, not the package __init__ that imports the
+    algorithms). The imports inside functions still close a circle; they are not checked yet."""
+    cycle = _find_cycle(_graph("fedsim", top_level_only=True))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import register
+from ._registry import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots, float_keys, put, put_clients, take, take_clients
 

@@ -62,7 +62,7 @@ from geomkern.exchange import nbytes
 
 from .._seeds import generator
 from ..models import has_trunk
-from . import register
+from ._registry import register
 from .base import Algorithm, ClientContext, ClientUpdate, Params, params_of, weighted_average
 from .common import check_slots, put, put_clients, take, take_clients
 

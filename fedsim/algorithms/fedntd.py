@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from . import register
+from ._registry import register
 from .base import Algorithm, ClientContext
 from .common import frozen_copy
 

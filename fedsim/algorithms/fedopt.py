@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import register
+from ._registry import register
 from .base import Algorithm, Params, weighted_average
 from .common import check_slots, float_keys, put, take
 

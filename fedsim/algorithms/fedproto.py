@@ -16,7 +16,7 @@ import torch
 
 from geomkern.exchange import nbytes
 
-from . import register
+from ._registry import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots
 

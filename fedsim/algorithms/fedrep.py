@@ -8,7 +8,7 @@ there is one space and this is plain FedRep. Local schedule: ``head_epochs`` on 
 """
 from __future__ import annotations
 
-from . import register
+from ._registry import register
 from .local import PersonalAlgorithm
 
 

@@ -42,7 +42,7 @@ from torch.nn import functional as F
 import geomkern as gk
 from geomkern.exchange import nbytes
 
-from . import register
+from ._registry import register
 from .base import ClientContext, Params, weighted_average
 from .local import PersonalAlgorithm
 

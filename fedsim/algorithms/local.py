@@ -9,7 +9,7 @@ with the head frozen. Evaluation is per client, on the client's own test split.
 """
 from __future__ import annotations
 
-from . import register
+from ._registry import register
 from .base import Algorithm
 
 

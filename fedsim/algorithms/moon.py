@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from . import register
+from ._registry import register
 from .base import Algorithm, ClientContext, Params, params_of
 from .common import check_slots, frozen_copy, put_clients, take_clients
 
