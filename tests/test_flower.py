@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -295,3 +301,74 @@ def test_a_supernode_killed_during_the_run_never_hangs_it(blobs, tmp_path):
         assert "Flower run" in str(exc) and "logs" in str(exc)
     assert time.monotonic() - t0 < 300
     assert not any(group_members(p.pid) for p in [started["superlink"], *started["supernodes"]])
+
+
+def _proc_stat(pid):
+    try:
+        s = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return s[s.rfind(")") + 2:].split()  # state, ppid, ..., starttime at [19]
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> start time of every live descendant of ``root`` (from /proc)."""
+    kids: dict[int, list] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit() and (st := _proc_stat(d)) is not None:
+            kids.setdefault(int(st[1]), []).append((int(d), st[19]))
+    out, todo = {}, [root]
+    while todo:
+        for pid, start in kids.get(todo.pop(), []):
+            if pid not in out:
+                out[pid], _ = start, todo.append(pid)
+    return out
+
+
+def _alive(pid: int, start: str) -> bool:
+    st = _proc_stat(pid)
+    return st is not None and st[19] == start and st[0] not in ("Z", "X")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="follows the run's processes through /proc")
+@pytest.mark.parametrize("sig", (signal.SIGINT, signal.SIGKILL), ids=("SIGINT", "SIGKILL"))
+def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
+    """A `fedsim run --engine flower` stopped by Ctrl-C exits (130, the resume hint) instead of
+    waiting on Flower's ServerApp thread, and one killed outright takes Ray's processes with it
+    (fedsim/flower/_reaper.py): in both cases no process the run started is left."""
+    blobs = save_blobs(tmp_path / "b.npz", classes=4, dim=8, noise=0.6, n_train=240, n_test=80, seed=0)
+    (tmp_path / "r.toml").write_text(f'dataset = "{blobs}"\nn_clients = 4\nrounds = 500\nmin_size = 5\n'
+                                     'client_fraction = 0.75\n[[methods]]\nname = "FedAvg"\n')
+    log = (tmp_path / "log.txt").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli", "run", "--config", str(tmp_path / "r.toml"),
+                             "--engine", "flower", "--quiet", "--out", str(tmp_path / "out")],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    started: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            started = _descendants(proc.pid)
+            if any(b"raylet" in Path(f"/proc/{p}/cmdline").read_bytes() for p in started
+                   if Path(f"/proc/{p}/cmdline").exists()):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, f"the run ended before Ray was up: {(tmp_path / 'log.txt').read_text()[-2000:]}"
+        time.sleep(3)
+        started.update(_descendants(proc.pid))
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p, s) for p, s in started.items()):
+            time.sleep(0.5)
+        left = [p for p, s in started.items() if _alive(p, s)]
+        names = [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}/cmdline").exists()]
+        assert not left, f"{len(left)} of the run's {len(started)} processes survived {sig.name}: {names}"
+        if sig == signal.SIGINT:
+            assert rc == 130 and "fedsim run --resume" in (tmp_path / "log.txt").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid, start in {**started, **_descendants(proc.pid)}.items():
+            if _alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
+        log.close()

@@ -34,7 +34,7 @@ from .. import runner
 from ..algorithms.base import ClientUpdate
 from ..augmenters import _DP_ITERS
 from ..client import DivergedError
-from . import codec
+from . import _reaper, codec
 
 log = logging.getLogger("fedsim.flower")
 EXCHANGING = ("none", "oversample", "ggeur", "fedmc")  # the augmenters whose exchange is written here
@@ -367,12 +367,28 @@ def simulate(cfg, seeds, ds, partitions, out, *, progress: bool, dataset_sum: st
     cpus = num_cpus or int(os.environ.get("FEDSIM_FLOWER_CPUS", 0)) or os.cpu_count() or 1
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": cpus, "include_dashboard": False}}
-    run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.n_clients, backend_config=backend)
+    _reaper.start()  # Ray's processes go too if this process is killed outright
+    try:
+        run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.n_clients,
+                       backend_config=backend)
+    except KeyboardInterrupt:  # Ctrl-C: take Ray's processes down before the caller exits
+        _shutdown_ray()
+        raise
     if "error" in held:
         raise held["error"]
     if "results" not in held:
         raise RuntimeError("the Flower simulation ended without running fedsim's ServerApp (see Flower's log above)")
     return held["results"]
+
+
+def _shutdown_ray() -> None:
+    """Stop the Ray runtime this process started, if any (its raylet, GCS and workers)."""
+    try:
+        import ray
+    except ImportError:
+        return
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 # ---------------------------------------------------------------------- a real deployment
