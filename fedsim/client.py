@@ -15,10 +15,17 @@ class DivergedError(RuntimeError):
 
 def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size: int,
                 momentum: float = 0.9, weight_decay: float = 0.0,
-                generator: torch.Generator | None = None) -> ClientUpdate:
+                generator: torch.Generator | None = None, optimizer: str = "sgd") -> ClientUpdate:
+    """``optimizer``: "sgd" (with ``momentum``) or "adam" (fresh moments each call, ``momentum``
+    unused): the personalised methods' ``optimizer`` hyper-parameter (the FLIC paper trains with Adam)."""
     model = ctx.model
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=momentum, weight_decay=weight_decay)
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=ctx.lr, weight_decay=weight_decay)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=momentum, weight_decay=weight_decay)
+    else:
+        raise ValueError(f"local_train: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
     ctx.momentum = momentum
     algo.begin_client(ctx)
     n = ctx.x.shape[0]

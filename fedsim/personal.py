@@ -125,7 +125,7 @@ def _train(algo, ctx: ClientContext, cfg, gen) -> ClientUpdate:
             p.requires_grad_((id(p) in head) == train_head)
         # the last phase's update (its weights hold both phases' steps) is what the client reports
         upd = local_train(algo, ctx, epochs=epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
-                          weight_decay=cfg.weight_decay, generator=gen)
+                          weight_decay=cfg.weight_decay, generator=gen, optimizer=algo.hp["optimizer"])
     for p in model.parameters():
         p.requires_grad_(True)
     return upd

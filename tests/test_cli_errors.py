@@ -179,7 +179,7 @@ def test_presets_list_print_and_load(capsys):
 
     assert main(["presets"]) == 0
     listing = capsys.readouterr().out
-    for name in ("fedmc-paper", "ggeur-paper"):
+    for name in ("fedmc-paper", "ggeur-paper", "flic-paper"):
         assert name in presets.names() and f"{name} " in listing and presets.describe(name) in listing
         assert main(["presets", name]) == 0
         assert capsys.readouterr().out == presets.text(name)
@@ -195,6 +195,25 @@ def test_presets_list_print_and_load(capsys):
     f = _params_of(_config_of(["--preset", "fedmc-paper"]), "fedmc")[0]
     assert {k: f[k] for k in ("n_base", "n_clusters", "gamma", "formulation", "method")} == \
         {"n_base": 512, "n_clusters": 3, "gamma": "1/D", "formulation": "paper", "method": "gd"}
+
+
+def test_flic_paper_preset_values_and_a_tiny_run(tmp_path):
+    """The paper's setting reaches both methods (Adam for each), and the preset runs (2 rounds, 1 epoch)."""
+    import json
+
+    c = _config_of(["--preset", "flic-paper"]).validate()
+    assert (c.rounds, c.client_fraction, c.local_epochs, c.lr, c.n_clients) == (50, 0.1, 10, 0.001, 20)
+    params = {m.algorithm: m.algorithm_params for m in c.methods}
+    assert set(params) == {"local", "flic"} and params["local"] == {"optimizer": "adam"}
+    assert {k: params["flic"][k] for k in ("optimizer", "anchor_cov", "anchor_var")} == \
+        {"optimizer": "adam", "anchor_cov": "fixed", "anchor_var": 1.0}
+    assert "n_classes=20&classes_per_client=3" in c.dataset
+    out = tmp_path / "run"
+    assert main(["run", "--preset", "flic-paper", "--rounds", "2", "--epochs", "1", "--out", str(out),
+                 "--quiet"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["methods"]) == {"Local", "FLIC"}
+    assert all(len(m["seeds"]["0"]["accuracy"]) == 2 for m in res["methods"].values())
 
 
 def test_flags_override_config_file_over_preset(tmp_path):

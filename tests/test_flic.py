@@ -207,11 +207,51 @@ def test_bad_hyper_parameters_named():
     for name, kw, word in (("flic", {"ridge": 0.0}, "ridge"), ("flic", {"lam": -1.0}, "lam"),
                            ("flic", {"anchor_var": float("nan")}, "anchor_var"), ("fedrep", {"head_epochs": -1}, "head_epochs"),
                            ("local", {"head_epochs": 1.5}, "head_epochs"),
-                           ("flic", {"align_epochs": -2}, "align_epochs")):
+                           ("flic", {"align_epochs": -2}, "align_epochs"), ("local", {"optimizer": "rmsprop"}, "optimizer"),
+                           ("flic", {"optimizer": "Adam"}, "optimizer"), ("flic", {"anchor_cov": "diag"}, "anchor_cov")):
         with pytest.raises(ValueError, match=word):
             build_algorithm(name, **kw)
     with pytest.raises(ValueError, match="model='personal'"):
         run(_cfg(model="mlp", model_params={}), "/nonexistent/never-written", progress=False)
+
+
+def test_fixed_anchors_move_only_their_means_and_adam_is_used(monkeypatch, tmp_path):
+    """anchor_cov='fixed': covariances stay anchor_var * I and are neither uploaded nor counted; each
+    held class's anchor becomes the count-weighted mean of the uploaded class means. optimizer='adam'
+    builds Adam for the local steps and the alignment phase, never SGD."""
+    ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
+    seen, built = [], []
+    orig = FLIC.aggregate
+
+    def recording(self, global_params, updates, *, n_clients):
+        seen.append(updates)
+        return orig(self, global_params, updates, n_clients=n_clients)
+
+    monkeypatch.setattr(FLIC, "aggregate", recording)
+    for name in ("Adam", "SGD"):
+        cls = getattr(torch.optim, name)
+        monkeypatch.setattr(torch.optim, name, lambda *a, _c=cls, _n=name, **k: built.append(_n) or _c(*a, **k))
+    spec = MethodSpec("FLIC", "flic", algorithm_params={"anchor_cov": "fixed", "anchor_var": 1.0, "optimizer": "adam",
+                                                        "anchor_ce": 0.5, "align_epochs": 2})
+    cfg = _cfg(rounds=2, lr=0.01)
+    run_personal_method(cfg, spec, 0, ds, tmp_path, progress=False)
+    assert built and set(built) == {"Adam"}
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    covs, means = state["algorithm"]["anchor_covs"], state["algorithm"]["anchor_means"]
+    assert torch.equal(covs, torch.eye(4, dtype=covs.dtype).expand_as(covs))
+    last = seen[-1]
+    assert all("class_covs" not in u.extras for u in last)
+    counts = torch.stack([u.extras["class_counts"] for u in last])
+    expect = (counts[..., None] * torch.stack([u.extras["class_means"] for u in last]).double()).sum(0)
+    held = counts.sum(0) > 0
+    assert bool(held.any())
+    torch.testing.assert_close(means[held], (expect / counts.sum(0)[:, None])[held])
+    # downloads count the shared weights and the means only (C x d), not the fixed covariances
+    algo = build_algorithm("flic", anchor_cov="fixed")
+    algo.setup(n_classes=5, embed_dim=4, seed=0, device="cpu")
+    learned = build_algorithm("flic")
+    learned.setup(n_classes=5, embed_dim=4, seed=0, device="cpu")
+    assert learned.download_bytes({}) - algo.download_bytes({}) == 5 * 4 * 4 * 4
 
 
 # ------------------------------------------------------------------------------ personalised checkpoints

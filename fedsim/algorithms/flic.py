@@ -24,6 +24,13 @@ from the anchor of each row's class, so the shared representation learns the anc
 Optional (``align_epochs`` > 0, default 0; also the official code's, not the issue's): at its
 first participation a client first fits phi_i to the anchors alone (W2 term only, full batch).
 
+Optional (``anchor_cov = "fixed"``, default "learned"): the anchors keep Sigma_c = anchor_var * I,
+only their means move (the count-weighted mean of the clients' class means, which is the W2
+barycentre when the covariances are fixed): the paper's anchors (presets/flic-paper.toml).
+
+Optional (``optimizer = "adam"``, default "sgd", PersonalAlgorithm's): Adam at the run's lr for the
+local steps and the alignment phase, as the paper trains every method.
+
 Optional (``max_grad_norm`` > 0, default 0 = off): each local step's gradient is rescaled to at most
 that norm, and the rescaled steps are counted (``clipped_steps`` in results.json): what keeps FLIC
 from diverging at lr 0.2 on wordnet:mixed (docs/flic.md).
@@ -58,8 +65,11 @@ class FLIC(PersonalAlgorithm):
     # 15-150 against < 5 elsewhere; at lr 0.2 / momentum 0.9 the step inflates phi_i, the W2 mean
     # term's curvature grows with phi_i's scale and runs away, and the anchor barycentre carries
     # that client's blown-up class statistics to everyone)
-    defaults = {"head_epochs": 1, "lam": 0.1, "ridge": 1e-2, "anchor_scale": 1.0, "anchor_var": 0.1,
-                "anchor_ce": 0.0, "align_epochs": 0, "max_grad_norm": 0.0}
+    # anchor_cov: "learned" (Sigma_c the W2 barycentre of the clients' class covariances) or
+    # "fixed" (Sigma_c = anchor_var * I throughout, the barycentre then the count-weighted mean of
+    # the class means: the paper's anchors, learnable means with identity covariance)
+    defaults = {**PersonalAlgorithm.defaults, "lam": 0.1, "ridge": 1e-2, "anchor_scale": 1.0, "anchor_var": 0.1,
+                "anchor_ce": 0.0, "align_epochs": 0, "max_grad_norm": 0.0, "anchor_cov": "learned"}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)
@@ -74,6 +84,9 @@ class FLIC(PersonalAlgorithm):
         self.anchor_covs: torch.Tensor | None = None  # (C, d, d) float64
         self.aligned: set[int] = set()  # clients whose phi_i went through the alignment phase
         self.clipped = 0  # local steps whose gradient max_grad_norm rescaled (reported, never silent)
+        if self.hp["anchor_cov"] not in ("learned", "fixed"):
+            raise ValueError(f"flic: anchor_cov must be 'learned' or 'fixed', got {self.hp['anchor_cov']!r} "
+                             "(--set flic.anchor_cov=fixed keeps the anchors' covariance at anchor_var * I)")
         a = self.hp["align_epochs"]
         if isinstance(a, bool) or not isinstance(a, int) or a < 0:
             raise ValueError(f"flic: align_epochs must be an integer >= 0, got {a!r}")
@@ -118,7 +131,8 @@ class FLIC(PersonalAlgorithm):
         flags = [p.requires_grad for p in embed.parameters()]
         for p in embed.parameters():
             p.requires_grad_(True)
-        opt = torch.optim.SGD(embed.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+        opt = torch.optim.Adam(embed.parameters(), lr=ctx.lr) if self.hp["optimizer"] == "adam" else \
+            torch.optim.SGD(embed.parameters(), lr=ctx.lr, momentum=ctx.momentum)
         x, y = ctx.real()
         for _ in range(self.hp["align_epochs"]):
             loss = self._alignment(ctx, y, embed(x))
@@ -167,6 +181,8 @@ class FLIC(PersonalAlgorithm):
         z = ctx.model(x)[1].to(torch.float64)
         ctx.model.train()
         counts, means, covs = gk.class_moments(z, y, ctx.n_classes)
+        if self.hp["anchor_cov"] == "fixed":  # the server only moves the means: the covariances stay here
+            return {"class_counts": counts.to(torch.float64), "class_means": means.float()}
         # the loss's ridge here too: anchors (barycentres of these) then stay >= ridge * I, which
         # bounds the square root's backward (1 / (s_i + s_j)) when the anchor is the first argument
         covs = covs + self.hp["ridge"] * torch.eye(z.shape[1], dtype=covs.dtype, device=covs.device)
@@ -176,15 +192,21 @@ class FLIC(PersonalAlgorithm):
     def aggregate(self, global_params: Params, updates, *, n_clients: int) -> Params:
         counts = torch.stack([u.extras["class_counts"] for u in updates]).to(self.anchor_means.device)
         means = torch.stack([u.extras["class_means"] for u in updates]).to(self.anchor_means)
+        held = counts.sum(0) > 0
+        if self.hp["anchor_cov"] == "fixed":  # equal covariances: the W2 barycentre's mean is the weighted mean
+            v = (counts[..., None] * means).sum(0) / counts.sum(0).clamp_min(1)[:, None]
+            self.anchor_means = torch.where(held[:, None], v, self.anchor_means)
+            return weighted_average(updates)
         covs = torch.stack([u.extras["class_covs"] for u in updates]).to(self.anchor_means)
         covs = 0.5 * (covs + covs.mT)  # float32 upload round-off
         v, S = gk.gaussian_barycenter(counts, means, covs)
-        held = counts.sum(0) > 0
         self.anchor_means = torch.where(held[:, None], v, self.anchor_means)
         self.anchor_covs = torch.where(held[:, None, None], S, self.anchor_covs)
         return weighted_average(updates)
 
     def download_bytes(self, global_params: Params) -> int:
+        if self.hp["anchor_cov"] == "fixed":  # anchor_var * I is a setting, not sent
+            return nbytes(*global_params.values()) + nbytes(self.anchor_means.float())
         return nbytes(*global_params.values()) + nbytes(self.anchor_means.float(), self.anchor_covs.float())
 
     def state_dict(self) -> dict:

@@ -16,13 +16,18 @@ from .base import Algorithm
 class PersonalAlgorithm(Algorithm):
     personal = True
     shared_prefixes: tuple[str, ...] = ()  # parameter-name prefixes of PersonalNet that are averaged
-    defaults = {"head_epochs": 1}
+    # optimizer: the local optimiser, "sgd" (the run's lr and momentum) or "adam" (the run's lr;
+    # the FLIC paper's choice for every method, presets/flic-paper.toml)
+    defaults = {"head_epochs": 1, "optimizer": "sgd"}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)
         h = self.hp["head_epochs"]
         if isinstance(h, bool) or not isinstance(h, int) or h < 0:
             raise ValueError(f"{self.name}: head_epochs must be an integer >= 0, got {h!r}")
+        if self.hp["optimizer"] not in ("sgd", "adam"):
+            raise ValueError(f"{self.name}: optimizer must be 'sgd' or 'adam', got {self.hp['optimizer']!r} "
+                             f"(--set {self.name}.optimizer=adam)")
 
     def shares(self, key: str) -> bool:
         return bool(self.shared_prefixes) and key.startswith(self.shared_prefixes)
