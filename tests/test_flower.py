@@ -340,9 +340,12 @@ def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
     (tmp_path / "r.toml").write_text(f'dataset = "{blobs}"\nn_clients = 4\nrounds = 500\nmin_size = 5\n'
                                      'client_fraction = 0.75\n[[methods]]\nname = "FedAvg"\n')
     log = (tmp_path / "log.txt").open("w")
+    # SIGINT's default action in the child: a job a non-interactive shell starts with `&` (a CI
+    # runner's, say) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "fedsim.cli", "run", "--config", str(tmp_path / "r.toml"),
                              "--engine", "flower", "--quiet", "--out", str(tmp_path / "out")],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     started: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 180
