@@ -29,6 +29,7 @@ from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from conftest import save_blobs  # noqa: E402
+from fedsim.flower._reaper import alive, descendants  # noqa: E402
 from fedsim.runner import MethodSpec, RunConfig, run  # noqa: E402
 from geomkern import fedmc, ggeur  # noqa: E402
 from geomkern.exchange import read_bytes  # noqa: E402
@@ -303,33 +304,6 @@ def test_a_supernode_killed_during_the_run_never_hangs_it(blobs, tmp_path):
     assert not any(group_members(p.pid) for p in [started["superlink"], *started["supernodes"]])
 
 
-def _proc_stat(pid):
-    try:
-        s = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return s[s.rfind(")") + 2:].split()  # state, ppid, ..., starttime at [19]
-
-
-def _descendants(root: int) -> dict[int, str]:
-    """pid -> start time of every live descendant of ``root`` (from /proc)."""
-    kids: dict[int, list] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit() and (st := _proc_stat(d)) is not None:
-            kids.setdefault(int(st[1]), []).append((int(d), st[19]))
-    out, todo = {}, [root]
-    while todo:
-        for pid, start in kids.get(todo.pop(), []):
-            if pid not in out:
-                out[pid], _ = start, todo.append(pid)
-    return out
-
-
-def _alive(pid: int, start: str) -> bool:
-    st = _proc_stat(pid)
-    return st is not None and st[19] == start and st[0] not in ("Z", "X")
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="follows the run's processes through /proc")
 @pytest.mark.parametrize("sig", (signal.SIGINT, signal.SIGKILL), ids=("SIGINT", "SIGKILL"))
 def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
@@ -350,20 +324,20 @@ def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
-            started = _descendants(proc.pid)
+            started = descendants(proc.pid)
             if any(b"raylet" in Path(f"/proc/{p}/cmdline").read_bytes() for p in started
                    if Path(f"/proc/{p}/cmdline").exists()):
                 break
             time.sleep(0.5)
         assert proc.poll() is None, f"the run ended before Ray was up: {(tmp_path / 'log.txt').read_text()[-2000:]}"
         time.sleep(3)
-        started.update(_descendants(proc.pid))
+        started.update(descendants(proc.pid))
         proc.send_signal(sig)
         rc = proc.wait(timeout=60)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(p, s) for p, s in started.items()):
+        while time.monotonic() < deadline and any(alive(p, s) for p, s in started.items()):
             time.sleep(0.5)
-        left = [p for p, s in started.items() if _alive(p, s)]
+        left = [p for p, s in started.items() if alive(p, s)]
         names = [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in left if Path(f"/proc/{p}/cmdline").exists()]
         assert not left, f"{len(left)} of the run's {len(started)} processes survived {sig.name}: {names}"
         if sig == signal.SIGINT:
@@ -371,7 +345,7 @@ def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid, start in {**started, **_descendants(proc.pid)}.items():
-            if _alive(pid, start):
+        for pid, start in {**started, **descendants(proc.pid)}.items():
+            if alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
         log.close()
