@@ -130,8 +130,7 @@ def kpca_eigenvalues(emit, seeds) -> None:
         per = []
         for j, n in enumerate(sizes):
             Xj = X[o[j]:o[j + 1]]
-            K64 = rkpca.centred_grams_reference(Xj.double(), [0, n], [0], g)[0][0] \
-                if hasattr(rkpca, "centred_grams_reference") else None
+            K64 = rkpca.centred_grams_reference(Xj.double(), [0, n], [0], g)[0][0]
             Kt = tkpca.centred_grams(Xj.cuda(), [0, n], [0], g)[0][0]
             mu64 = torch.linalg.eigvalsh(K64)
             row = {"n": n, "gram": rel(Kt, K64),

@@ -302,7 +302,7 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
         # moved its centres after its last assignment) and the float64 inertia of those labels.
         res = kmeans(Xs, k, offsets=g.offsets.to(device), iters=iters, seed=seed, n_init=n_init,
                      precision=self.precision)
-        centers, self.n_iter_ = res.centers, res.n_iter.cpu().numpy()
+        centers = res.centers
         labels, d2 = _assign(Xs, centers, index)
         inertia = torch.zeros(len(g.names), dtype=torch.float64, device=device).index_add_(
             0, torch.from_numpy(index).to(device), d2)
@@ -310,7 +310,7 @@ class _KMeansBase(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
         out[order] = labels
         self.labels_ = out.cpu().numpy()
         self.device_ = device
-        return g, centers.cpu().numpy(), inertia.cpu().numpy()
+        return g, centers.cpu().numpy(), inertia.cpu().numpy(), res.n_iter.cpu().numpy()
 
     def _centers(self):
         C = self.cluster_centers_
@@ -357,9 +357,8 @@ class KMeans(_KMeansBase):
     """
 
     def fit(self, X, y=None):
-        _, centers, inertia = self._fit(X, None)
-        self.cluster_centers_, self.inertia_ = centers[0], float(inertia[0])
-        self.n_iter_ = int(self.n_iter_[0])
+        _, centers, inertia, n_iter = self._fit(X, None)
+        self.cluster_centers_, self.inertia_, self.n_iter_ = centers[0], float(inertia[0]), int(n_iter[0])
         return self
 
     def predict(self, X):
@@ -385,7 +384,7 @@ class BatchedKMeans(_KMeansBase):
     """
 
     def fit(self, X, y=None, groups=None):
-        g, self.cluster_centers_, self.inertia_ = self._fit(X, groups)
+        g, self.cluster_centers_, self.inertia_, self.n_iter_ = self._fit(X, groups)
         self.groups_ = g.names
         return self
 

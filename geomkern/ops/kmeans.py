@@ -203,7 +203,8 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
     thread (benchmarks/test_cpu_peers.py).
     Returns a :class:`KMeansResult`: it unpacks as ``labels, centers`` -- labels (N,) int64 (cluster
     id within the row's segment), centers (k, D), or (m, k, D) when offsets is given -- and has
-    ``.inertia``: float64, a 0-dim tensor, or (m,) per segment with offsets. Deterministic for a
+    ``.inertia``: float64, a 0-dim tensor, or (m,) per segment with offsets, and ``.n_iter``: int64,
+    the kept start's Lloyd assignment passes, shaped as ``.inertia``. Deterministic for a
     given seed and backend, at any thread count: the reference and Triton paths draw their
     k-means++ starts from one CPU generator, so a seed picks the same starts on CPU and CUDA
     (the native CPU kernel has its own generator). A torch custom operator

@@ -103,6 +103,7 @@ class _CpuLibrary:
                 raise _ERRORS[m.group(1)](m.group(2)) from None
 
         call.__name__ = name
+        setattr(self, name, call)  # made once: later lookups find it without __getattr__
         return call
 
     def select_cpu_isa(self, isa: str) -> None:
