@@ -1,21 +1,17 @@
-"""Hyper-parameter handling shared by the algorithm and augmenter plug-ins."""
+"""Plug-in parameters from outside: ``--set`` flags and the [params.PLUGIN] tables of presets and
+config files (a plug-in's own defaults are merged by _specs.merge_params)."""
 from __future__ import annotations
 
+import tomllib
 
-def merge_params(owner: str, noun: str, defaults: dict, given: dict) -> dict:
-    """``defaults`` overridden by ``given``; a key ``defaults`` lacks is an error naming ``owner``."""
-    unknown = set(given) - set(defaults)
-    if unknown:
-        raise ValueError(f"{owner} has no {noun}(s) {sorted(unknown)}; it takes {sorted(defaults) or 'none'}")
-    return {**defaults, **given}
+from ._validate_config import ALGORITHM_PARAMS, _augmenter_params, _params
+from .algorithms import ALGORITHMS
+from .augmenters import AUGMENTERS
 
 
 def plugin_defaults(plugin: str) -> tuple[str, dict]:
     """("algorithm" | "augmenter", that plug-in's ``defaults``) of a plug-in name; unknown names
     raise, listing the known ones."""
-    from .algorithms import ALGORITHMS
-    from .augmenters import AUGMENTERS
-
     if plugin in ALGORITHMS:
         return "algorithm", ALGORITHMS[plugin].defaults
     if plugin in AUGMENTERS:
@@ -27,8 +23,6 @@ def plugin_defaults(plugin: str) -> tuple[str, dict]:
 def _scalar(text: str):
     """A --set value as a TOML scalar (512, 0.01, 1e-5, inf, true, "1/D"); text that is no TOML
     value (an unquoted string such as 1/D or median) is taken as that string."""
-    import tomllib
-
     try:
         v = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -58,8 +52,6 @@ def parse_set(items: list[str] | None) -> dict[str, dict]:
             raise ValueError(f"--set {item}: {kind} {plugin!r} has no parameter {key!r}; it takes "
                              f"{', '.join(sorted(defaults)) or 'none'}")
         out.setdefault(plugin, {})[key] = _scalar(value.strip())
-    from ._validate_config import ALGORITHM_PARAMS, _augmenter_params, _params
-
     for plugin, table in out.items():  # type and range of each value, naming the flag
         kind, defaults = plugin_defaults(plugin)
         _params(f"--set {plugin}", table, defaults, ALGORITHM_PARAMS if kind == "algorithm" else _augmenter_params(),

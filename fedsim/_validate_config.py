@@ -22,7 +22,14 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
 from ._io import check_can_create
+from ._specs import MethodSpec, slug
+from .algorithms import ALGORITHMS
+from .augmenters import AUGMENTERS, FEDMC_PROTOCOLS, fedmc, ggeur  # fedsim reaches the geometry through augmenters.py
+from .data.partition import SCHEMES
+from .models import MODELS, mlp_parameters
 
 
 class ConfigError(ValueError):
@@ -215,9 +222,6 @@ def _kind_of_default(default):
 
 # ------------------------------------------------------------------------------ the tables
 def _run_fields():
-    from .data.partition import SCHEMES
-    from .models import MODELS
-
     return {
         "dataset": Str(),
         "partition": Choice(*SCHEMES),
@@ -267,8 +271,6 @@ ALGORITHM_PARAMS = {
 
 
 def _augmenter_params():
-    from .augmenters import FEDMC_PROTOCOLS, fedmc, ggeur  # fedsim reaches the geometry through augmenters.py alone
-
     positive = Int(1)
     return {
         "target_per_class": Int(0), "n_per_prototype": Int(0),
@@ -298,8 +300,6 @@ def _where(field: str) -> str:
 
 
 def check_device(where: str, v) -> str:
-    import torch
-
     if not isinstance(v, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", v):
         fail(where, "'cpu', 'cuda' or 'cuda:N'", v)
     if v.startswith("cuda"):
@@ -333,8 +333,6 @@ def _params(where: str, given: dict, defaults: dict, table: dict, owner: str) ->
 
 
 def _model_defaults(model: str) -> dict:
-    from .models import MODELS
-
     sig = inspect.signature(MODELS[model].__init__)
     return {n: p.default for n, p in sig.parameters.items()
             if p.kind == p.KEYWORD_ONLY and p.default is not inspect.Parameter.empty}
@@ -365,10 +363,6 @@ def check_config(cfg) -> None:
 
 
 def _check_methods(methods) -> None:
-    from .algorithms import ALGORITHMS
-    from .augmenters import AUGMENTERS
-    from .runner import MethodSpec, slug
-
     if not isinstance(methods, list) or not methods:
         fail("methods", "a non-empty list of methods ([[methods]] tables with name, algorithm, augmenter)",
              methods)
@@ -420,8 +414,6 @@ def available_memory(device: str) -> tuple[int, str]:
     on the CPU the kernel's MemAvailable, or less where a cgroup limits this process (a container's
     limit is what kills it, however much the host has free); MEMORY_CAP_UNKNOWN where neither can
     be read."""
-    import torch
-
     if device.startswith("cuda"):
         return int(torch.cuda.mem_get_info(torch.device(device))[0]), f"free on {device}"
     free = []
@@ -464,7 +456,6 @@ def check_model_memory(cfg, dim: int, n_classes: int) -> None:
     variates, MOON's previous models) only adds to it."""
     if cfg.model != "mlp":  # the other heads have fixed small sizes (linear: C x D) or a frozen tower
         return
-    from .models import mlp_parameters
 
     p = {**_model_defaults("mlp"), **cfg.model_params}
     hidden, depth = p["hidden"], p["depth"]

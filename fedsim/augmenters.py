@@ -1,12 +1,15 @@
-"""Feature-calibration plug-ins for the round loop: ``none``, ``ggeur``, ``fedmc``.
+"""Feature-calibration plug-ins for the round loop: ``none``, ``oversample``, ``ggeur``, ``fedmc``.
 
-An augmenter runs its geometry exchange once (``setup``: embeddings are frozen, so the clients'
-geometry only changes when their data does) and then gives each selected client extra samples
-every round (``augment``: fresh perturbations per round). It accounts the bytes its exchange
-moves: ``setup_bytes`` (up, down) summed over clients. An augmenter whose geometry changes per
-round (FedMC's ``protocol="algorithm1"``) does that exchange in ``begin_round`` (called by the
-loop before the round's clients train; its bytes in ``round_bytes``), may ask the loop to train on
-its samples alone (``replaces_data``), and keeps what a resumed run needs in ``state_dict``.
+An augmenter exchanges geometry between the clients and the server through one interface, the
+same on every engine (``Augmenter``: ``steps``, then per step ``upload`` on each client, ``accept``
+and ``aggregate`` on the server, ``download`` on each client; fedsim/engine.py and the Flower apps
+call nothing else), once before round 1 (embeddings are frozen, so the clients' geometry only
+changes when their data does) and, for FedMC's ``protocol="algorithm1"``, again at the start of
+every round. It then gives each selected client extra samples every round (``augment``: fresh
+perturbations per round), may ask the loop to train on its samples alone (``replaces_data``),
+accounts the bytes its exchange moves (``setup_bytes``, ``round_bytes``: (up, down) summed over
+clients) and keeps what a resumed run needs in ``state_dict``. docs/flower.md shows the hooks in
+a Flower app of one's own.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import torch
 from geomkern import fedmc, ggeur, privacy
 from geomkern.exchange import nbytes
 
-from ._params import merge_params
+from ._specs import merge_params
 from ._seeds import GEOMETRY, SETUP, generator
 from ._seeds import AUGMENT
 from ._seeds import generator as _generator  # augment()'s argument is named generator
@@ -38,17 +41,34 @@ class ClientData:
 
 
 class Augmenter:
+    """An augmenter's exchange is a list of steps, the same on every engine (engine.py drives them):
+    in a step the taking-part clients ``upload`` (client side), the server ``accept``s each upload
+    and ``aggregate``s them into what goes back to each client, and each client takes its
+    ``download`` (client side). ``steps(None, clients)`` is the one-time exchange before round 1,
+    ``steps(r, selected)`` the exchange at the start of round r (0-based), before its clients
+    train. Payloads are dicts of tensors, exchanged containers (geomkern.exchange: validated on
+    construction and on receipt), lists of containers, numbers, strings and lists of ints, so that
+    an engine can put them in messages (fedsim/flower/codec.py). A client that is rebuilt for each
+    message (a Flower SuperNode) keeps what it needs between messages in ``client_state``.
+
+    The in-process engine uses one object as the server and every client; so does ``setup`` /
+    ``begin_round``, which run the exchange here for a given list of ClientData.
+    """
+
     name = "none"
     defaults: dict = {}
 
     def __init__(self, **params):
         self.p = merge_params(f"augmenter {self.name!r}", "parameter", self.defaults, params)
         self.setup_bytes = (0, 0)
-        self.round_bytes = (0, 0)  # (up, down) of the exchange of the current round's begin_round
+        self.round_bytes = (0, 0)  # (up, down) of the exchange of the current round
         self.replaces_data = False  # True: this round's clients train on augment's samples alone
         # the run's number of rounds, set by the loop before setup (FedMC's algorithm1 splits
         # epsilon_total over the releases a client can make in them)
         self.rounds: int | None = None
+        # what accept checks uploads against (bind); None: not checked
+        self.dim: int | None = None
+        self.dtype: torch.dtype | None = None
 
     @classmethod
     def controls(cls, p: dict) -> list[dict]:
@@ -57,16 +77,72 @@ class Augmenter:
         have}, under the same algorithm (report.control_of); none by default (none, oversample)."""
         return []
 
+    # ---------------------------------------------------------------- the exchange
+    def bind(self, *, n_classes: int, seed: int, dim: int | None = None, dtype: torch.dtype | None = None) -> None:
+        """The run this object serves (server or client side): classes, seed, and the rows' width and
+        dtype that uploads are checked against. Every engine calls it before the exchange."""
+        self.n_classes, self.seed, self.dim, self.dtype = n_classes, seed, dim, dtype
+
+    def steps(self, round: int | None, clients: list[int]) -> list[tuple[str, list[int]]]:
+        """The exchange's steps, each (name, the clients taking part): ``round`` None is the one-time
+        exchange (``clients``: all of them), an int the exchange of that round (``clients``: its
+        selected ones). None by default (nothing is exchanged)."""
+        return []
+
+    def upload(self, step: str, cid: int, data: ClientData, *, round: int | None) -> dict | None:
+        """Client side: what client ``cid`` sends in ``step`` (None: nothing, e.g. it has no rows)."""
+        raise NotImplementedError(f"augmenter {self.name!r} has no exchange step {step!r}")
+
+    def accept(self, step: str, cid: int, payload: dict, *, round: int | None) -> dict:
+        """Server side: check one client's upload against the run (raise ValueError naming what is
+        wrong: the engine leaves that client out) and return what the server keeps of it."""
+        return payload
+
+    def aggregate(self, step: str, uploads: dict[int, dict], *, round: int | None, clients: list[int],
+                  rejected: list[int]) -> dict[int, dict]:
+        """Server side: from the accepted uploads (cid -> what ``accept`` kept; ``rejected``: the
+        clients whose upload was refused), what goes back to each client (cid -> payload). It also
+        counts the step's bytes (``setup_bytes`` / ``round_bytes``)."""
+        return {}
+
+    def download(self, step: str, cid: int, payload: dict, *, round: int | None) -> None:
+        """Client side: client ``cid`` takes what the server sent it in ``step``."""
+
+    def client_state(self, cid: int, data: ClientData) -> dict:
+        """Client side: what client ``cid`` (rows ``data``) keeps between messages (a payload);
+        empty by default."""
+        return {}
+
+    def load_client_state(self, cid: int, state: dict) -> None:
+        """Client side: restore :meth:`client_state` in a fresh object (after ``bind``)."""
+
+    def exchange(self, round: int | None, clients: list[int], data: list[ClientData]) -> None:
+        """Run the steps of ``round`` here, this object being the server and every client (the
+        in-process engine); ``data``: every client's ClientData, by cid."""
+        for step, cids in self.steps(round, clients):
+            uploads = {}
+            for k in cids:
+                payload = self.upload(step, k, data[k], round=round)
+                if payload is not None:
+                    uploads[k] = self.accept(step, k, payload, round=round)
+            downloads = self.aggregate(step, uploads, round=round, clients=cids, rejected=[])
+            for k, payload in downloads.items():
+                self.download(step, k, payload, round=round)
+
     def setup(self, clients: list[ClientData], *, n_classes: int, seed: int) -> None:
-        pass
+        """The one-time exchange in this process, every client's data given (``exchange``)."""
+        x = clients[0].x if clients else None
+        self.bind(n_classes=n_classes, seed=seed, dim=None if x is None else x.shape[1],
+                  dtype=None if x is None else x.dtype)
+        self.exchange(None, list(range(len(clients))), clients)
 
     def begin_round(self, round: int, selected: list[int], clients: list[ClientData], *, n_classes: int,
                     seed: int) -> None:
-        """Called by the loop at the start of round ``round`` (0-based), before the ``selected``
-        clients train: a per-round exchange goes here (it sets ``round_bytes`` and may set
-        ``replaces_data``). Its randomness must follow from (seed, round, selected) alone, so that a
-        resumed run repeats it. No-op by default."""
+        """Round ``round``'s exchange in this process (after ``setup``). Its randomness must follow
+        from (seed, round, selected) alone, so that a resumed run repeats it."""
+        self.exchange(round, selected, clients)
 
+    # ---------------------------------------------------------------- the rest of the run
     def state_dict(self) -> dict:
         """What a resumed run needs besides (seed, round): plain ints, floats, strings, lists and
         dicts, stored in the checkpoint after every round. Empty by default."""
@@ -76,7 +152,7 @@ class Augmenter:
         """Restore :meth:`state_dict` (after ``setup``) when a run resumes."""
 
     def privacy(self, n_clients: int) -> dict:
-        """What the exchange of ``setup`` spent per client, as the DP accountant states it:
+        """What the exchange spent per client, as the DP accountant states it:
         ``epsilon_spent`` (one per client; None where something was sent without noise, i.e. with
         no finite bound), ``delta`` and ``releases`` (DP releases per client). It covers the
         augmenter's releases only: model updates and the un-noised parts of an exchange (FedMC's
@@ -86,6 +162,12 @@ class Augmenter:
     def augment(self, cid: int, data: ClientData, *, generator: torch.Generator):
         """Extra (x, y) for client ``cid`` this round; empty tensors for none."""
         return data.x[:0], data.y[:0]
+
+
+def _check_rows(what: str, t: torch.Tensor, dim: int | None, dtype) -> None:
+    """An uploaded container's rows must be the run's width and dtype."""
+    if dim is not None and (t.shape[-1] != dim or t.dtype != dtype):
+        raise ValueError(f"{what} are {t.dtype} in D={t.shape[-1]}; the run has {dtype} in D={dim}")
 
 
 class GGEURAugmenter(Augmenter):
@@ -100,7 +182,13 @@ class GGEURAugmenter(Augmenter):
 
     ``resample``: "round" draws fresh samples every round (default); "once" is the paper's one-shot
     augmentation (Algorithms 1-2): a client's samples are drawn once, from the stream of round 0,
-    and the same fixed set is used every round (and again, identically, after a resume)."""
+    and the same fixed set is used every round (and again, identically, after a resume).
+
+    The exchange: one step, ``"statistics"``: up, a client's ClassStatistics (``stats``), the
+    domain ids it holds (``domains``) and one ClassStatistics per held domain (``per_domain``, from
+    a client of several domains when the multi-domain step may run); down, the GlobalGeometry
+    (``geometry``) and, in the multi-domain step, the other domains' prototypes and labels
+    (``prototypes``, ``labels``)."""
 
     name = "ggeur"
     defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt",
@@ -112,67 +200,125 @@ class GGEURAugmenter(Augmenter):
         # n_per_prototype rows around each other domain's prototype, which the control does not)
         return [{"augmenter": "oversample", "augmenter_params": {"target_per_class": p["target_per_class"]}}]
 
-    def setup(self, clients, *, n_classes, seed):
-        self.seed, self.cache = seed, {}
-        self.combine([self.held(self.upload(c, n_classes)) for c in clients])
+    def bind(self, **kw):
+        super().bind(**kw)
+        self.cache, self.others, self.geometry, self.use_protos = {}, {}, None, False
 
-    def upload(self, data: ClientData, n_classes: int) -> dict:
-        """Client side of the exchange: what one client sends (``combine`` takes one per client):
-        ``stats`` (its ClassStatistics), ``domains`` (the domain ids it holds, sorted; None without
-        domain ids) and ``per_domain`` (one ClassStatistics per held domain, only from a client of
-        several domains that may need the multi-domain step; else None)."""
+    def steps(self, round, clients):
+        return [("statistics", clients)] if round is None else []
+
+    def upload(self, step, cid, data, *, round):
         doms = None if data.d is None else sorted(set(data.d.tolist()))
         per_domain = None
         if doms and len(doms) > 1 and self.p["prototypes"] is not False:
-            per_domain = [ggeur.local_statistics(data.x[data.d == d], data.y[data.d == d], n_classes) for d in doms]
-        return {"stats": ggeur.local_statistics(data.x, data.y, n_classes), "domains": doms, "per_domain": per_domain}
+            per_domain = [ggeur.local_statistics(data.x[data.d == d], data.y[data.d == d], self.n_classes)
+                          for d in doms]
+        return {"stats": ggeur.local_statistics(data.x, data.y, self.n_classes), "domains": doms,
+                "per_domain": per_domain}
 
-    @staticmethod
-    def held(upload: dict) -> dict:
-        """An ``upload`` as the server keeps it until ``combine``: its statistics as
-        ggeur.HeldStatistics (the held classes' covariances only; the same geometry, bit for bit),
-        so that the server's memory grows with what the clients hold, not with clients x C x D x D."""
-        per = upload["per_domain"]
-        return {**upload, "stats": ggeur.HeldStatistics.from_statistics(upload["stats"]),
-                "per_domain": None if per is None else [ggeur.HeldStatistics.from_statistics(s) for s in per]}
+    def accept(self, step, cid, payload, *, round):
+        """A client's statistics checked against the run (C, D, dtype; one per-domain entry per
+        domain where the multi-domain step needs them), kept as ggeur.HeldStatistics (the held
+        classes' covariances only; the same geometry, bit for bit), so that the server's memory
+        grows with what the clients hold, not with clients x C x D x D."""
+        src = f"client {cid}'s GGEUR statistics"
+        stats, doms, per = payload["stats"], payload.get("domains"), payload.get("per_domain")
+        if not isinstance(stats, ggeur.ClassStatistics):
+            raise ValueError(f"{src} are a {type(stats).__name__}, not a ClassStatistics")
+        if stats.means.shape[0] != self.n_classes:
+            raise ValueError(f"{src} are for C={stats.means.shape[0]} classes; the run has C={self.n_classes}")
+        _check_rows(src, stats.means, self.dim, self.dtype)
+        if doms and len(doms) > 1 and self.p["prototypes"] is not False and (per is None or len(per) != len(doms)):
+            raise ValueError(f"{src}: {len(doms)} domains but {0 if per is None else len(per)} per-domain statistics")
+        for e in per or []:
+            if not isinstance(e, ggeur.ClassStatistics) or e.means.shape != stats.means.shape \
+                    or e.means.dtype != stats.means.dtype:
+                raise ValueError(f"{src}: a per-domain entry is not a ClassStatistics like its total")
+        return {"stats": ggeur.HeldStatistics.from_statistics(stats), "domains": doms,
+                "per_domain": None if per is None else [ggeur.HeldStatistics.from_statistics(e) for e in per]}
 
-    def combine(self, uploads: list[dict]) -> None:
-        """Server side of the exchange, from every client's ``upload`` (or its ``held`` form): the
-        global geometry, whether the multi-domain step runs, each client's prototypes of the other
-        domains (``others``) and the bytes moved (``setup_bytes``)."""
-        stats = [u["stats"] for u in uploads]
+    def aggregate(self, step, uploads, *, round, clients, rejected):
+        """The global geometry, whether the multi-domain step runs, each client's prototypes of the
+        other domains, and the bytes moved. A client without an accepted upload takes part as a
+        client without rows (count 0 everywhere)."""
+        if not uploads:
+            raise RuntimeError("GGEUR: no client's statistics were usable")
+        first = next(iter(uploads.values()))
+        C, D = first["stats"].means.shape
+        dtype = first["stats"].means.dtype
+        with_domains = any(u["domains"] is not None for u in uploads.values())
+        empty = {"stats": ggeur.HeldStatistics(torch.zeros(C, dtype=torch.int64), torch.zeros(C, D, dtype=dtype),
+                                               torch.zeros(0, dtype=torch.int64), torch.zeros(0, D, D, dtype=dtype)),
+                 "domains": [] if with_domains else None, "per_domain": None}
+        order = sorted(set(clients) | set(uploads))
+        ups = [uploads.get(k, empty) for k in order]
+        stats = [u["stats"] for u in ups]
         self.geometry = ggeur.aggregate(stats)
-        doms = [u["domains"] for u in uploads]
+        doms = [u["domains"] for u in ups]
         use_protos = self.p["prototypes"]
         if use_protos == "auto":  # the multi-domain step, when the data has several domains
             use_protos = len({d for ds in doms if ds for d in ds}) > 1
         self.use_protos = bool(use_protos)
         up = sum(s.nbytes() for s in stats)
-        down = len(uploads) * self.geometry.nbytes()
+        down = len(ups) * self.geometry.nbytes()
+        others = {}
         if self.use_protos:
             if any(ds is None for ds in doms):  # no domain ids: every client is its own domain
-                entries, groups, own = stats, list(range(len(uploads))), [[k] for k in range(len(uploads))]
+                entries, groups, own = stats, list(range(len(ups))), [[k] for k in range(len(ups))]
             elif all(len(ds) <= 1 for ds in doms):  # one domain per client: its statistics carry the means
                 entries, groups, own = stats, [ds[0] if ds else -1 for ds in doms], doms
             else:  # clients holding several domains upload one set of class means per domain they hold
                 entries, groups = [], []
-                for u, ds in zip(uploads, doms):  # a one-domain client's statistics are its domain's
+                for u, ds in zip(ups, doms):  # a one-domain client's statistics are its domain's
                     entries += u["per_domain"] if len(ds) > 1 else [u["stats"]] * len(ds)
                     groups += ds
                 up += sum(nbytes(e.means, e.counts) for e in entries)
                 own = doms
-            self.others = [ggeur.group_prototypes(entries, groups, exclude=own[k])[:2] for k in range(len(uploads))]
-            down += sum(nbytes(p, l) for p, l in self.others)
+            for i, k in enumerate(order):
+                others[k] = ggeur.group_prototypes(entries, groups, exclude=own[i])[:2]
+            down += sum(nbytes(P, L) for P, L in others.values())
         self.setup_bytes = (up, down)
+        return {k: {"geometry": self.geometry, **({"prototypes": others[k][0], "labels": others[k][1]}
+                                                   if k in others else {})} for k in order}
 
-    def receive(self, cid: int, geometry, others, *, seed: int) -> None:
-        """Client side after the exchange (a client of a real federation, which has no
-        ``combine``): the global geometry and, for the multi-domain step, the prototypes (P, L) the
-        server sent client ``cid`` (None: no such step). ``augment(cid, ...)`` then draws exactly what
-        it draws after ``setup``."""
-        self.seed, self.cache = seed, {}
-        self.geometry, self.use_protos = geometry, others is not None
-        self.others = {cid: others} if others is not None else None
+    def download(self, step, cid, payload, *, round):
+        self.geometry = payload["geometry"]
+        self.use_protos = "prototypes" in payload
+        if self.use_protos:
+            self.others[cid] = (payload["prototypes"], payload["labels"])
+        self.cache.pop(cid, None)
+
+    def client_state(self, cid, data):
+        """What a client keeps of the global geometry between rounds: every class's count, mean and
+        eigenvalues, and the eigenvectors of the classes it samples only (its rows' classes and, in
+        the multi-domain step, its prototypes' labels), plus its prototypes. ggeur.augment reads no
+        other class, so the draws are the same bit for bit, and a client keeps held/C of the
+        C x D x D eigenbasis. Nothing before the geometry came down."""
+        g = self.geometry
+        if g is None:
+            return {}
+        labels = [data.y] + ([self.others[cid][1]] if self.use_protos else [])
+        classes = torch.unique(torch.cat([y.to(g.counts.device, torch.int64) for y in labels]))
+        state = {"counts": g.counts, "means": g.means, "eigenvalues": g.eigenvalues, "classes": classes,
+                 "eigenvectors": g.eigenvectors[classes]}
+        if self.use_protos:
+            state["prototypes"], state["labels"] = self.others[cid]
+        return state
+
+    def load_client_state(self, cid, state):
+        """The GlobalGeometry ``client_state`` kept, with the other classes' counts and eigenvectors
+        zero (checked again on construction, as from_bytes checks the geometry on receipt)."""
+        if not state:
+            return
+        classes, means, ev = state["classes"], state["means"], state["eigenvalues"]
+        counts = torch.zeros_like(state["counts"])
+        counts[classes] = state["counts"][classes]
+        V = means.new_zeros(means.shape[0], means.shape[1], ev.shape[1])
+        V[classes] = state["eigenvectors"]
+        payload = {"geometry": ggeur.GlobalGeometry(counts, means, ev, V)}
+        if "prototypes" in state:
+            payload.update(prototypes=state["prototypes"], labels=state["labels"])
+        self.download("statistics", cid, payload, round=None)
 
     def privacy(self, n_clients: int) -> dict:  # the class statistics go up without noise
         return {"epsilon_spent": [None] * n_clients, "delta": 0.0, "releases": 0}
@@ -225,9 +371,6 @@ class OversampleAugmenter(Augmenter):
     name = "oversample"
     defaults = {"target_per_class": 100}
 
-    def setup(self, clients, *, n_classes, seed):
-        self.n_classes = n_classes  # nothing is exchanged: setup_bytes stay (0, 0)
-
     def augment(self, cid, data, *, generator):
         rows = fill_sources(data.y, self.n_classes, self.p["target_per_class"])
         return data.x[rows], data.y[rows]
@@ -243,28 +386,11 @@ def _split_epsilon(epsilon_total: float, delta: float, calls: int) -> float:
 
 
 class FedMCAugmenter(Augmenter):
-    """FedMC, in one of two protocols (``protocol``):
-
-    ``"algorithm1"`` (default; the paper's Algorithm 1): the GAB once (DP prototypes of every
-    client); in every round r the participating clients S_r release fresh LGDs (their own generators
-    (seed, r, k), so round r's geometry follows from (seed, r, S_r)), the server fuses them into
-    D_r, and round r + 1's clients calibrate with D_r. A client trains on its calibrated samples
-    only, one x' per x (the paper's D-hat_k; ``target_per_class`` and ``n_per_sample`` do not
-    apply). Round 1 has no dictionary yet (D_r exists only after round r's uploads), so its clients
-    train on their real data. Bytes: round r counts S_r's LGD uploads and D_{r-1}'s download to
-    S_r. Privacy: every participation is one more DP release; a client's epsilon composes its
-    prototypes' release and all of its patch releases. With ``epsilon_total`` every release gets
-    the share of a client that takes part in every round (1 + ``rounds`` releases, one noise
-    multiplier: ``release_epsilon``), so no client spends more than epsilon_total, and one selected
-    less often spends less. The engines share the protocol: ``start_rounds`` and ``round_exchange``
-    (server), ``round_lgd`` and ``receive_round`` (client); ``begin_round`` is them in one process.
-
-    ``"fixed"``: DP prototypes -> GAB -> local geometry -> fused dictionary, once, from every
-    client; then every round fresh calibrated samples labelled like their source, *added* to the
-    client's real data: by default the same budget as GGEUR (fill each held class up to
-    ``target_per_class``), or ``n_per_sample`` per local sample. It was the default until it
-    measured 0.6-2.1 points below Algorithm 1 at every beta (docs/history.md §16): its added
-    rows cost client drift, and neither protocol's samples beat its matched-compute control.
+    """FedMC, in one of two protocols (``protocol``), each its own class over the helpers here:
+    ``FedMCAugmenter(protocol=...)`` builds a :class:`FedMCAlgorithm1` (the default) or a
+    :class:`FedMCFixed`. Both start with the same step, ``"prototypes"``: every client releases DP
+    prototypes (its set-up generator (seed, 0, cid)), the server builds the GAB B and gamma from
+    them and sends both down.
 
     ``clip_norm``: None (default) clips nothing at epsilon = inf (plain k-means++ patches); with a
     finite epsilon (or epsilon_total) None means 1.0, the norm of fedsim's L2-normalised rows.
@@ -276,6 +402,11 @@ class FedMCAugmenter(Augmenter):
                 "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
                 "formulation": "consistent", "steps": None, "anchored": True, "epsilon_total": None,
                 "protocol": "algorithm1"}
+
+    def __new__(cls, **params):
+        if cls is FedMCAugmenter:  # the protocol's class (an unknown protocol is refused by __init__)
+            cls = _FEDMC_CLASSES.get(params.get("protocol", cls.defaults["protocol"]), cls)
+        return super().__new__(cls)
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -294,11 +425,6 @@ class FedMCAugmenter(Augmenter):
             # (fedsim import and embed normalise; the loop warns about rows that are not)
             p["clip_norm"] = 1.0
 
-    def _geometry_params(self) -> dict:
-        p = self.p
-        return dict(n_clusters=p["n_clusters"], n_components=p["n_components"], n_entries=p["n_entries"],
-                    epsilon=p["epsilon"], delta=p["delta"], clip_norm=p["clip_norm"])
-
     @classmethod
     def controls(cls, p):
         if p["protocol"] == "algorithm1":  # one calibrated row per real row: the same steps as FedAvg's
@@ -307,42 +433,9 @@ class FedMCAugmenter(Augmenter):
             return [{"augmenter": "oversample", "augmenter_params": {"target_per_class": p["target_per_class"]}}]
         return []  # n_per_sample rows per real row: no control has that budget
 
-    def setup(self, clients, *, n_classes, seed):
-        p = self.p
-        self.n_classes = n_classes
-        gens = [generator(seed, 0, k, SETUP) for k in range(len(clients))]  # the run's one derivation
-        if p["protocol"] == "algorithm1":
-            protos, B, gamma = fedmc.setup_basis(
-                [c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"], n_base=p["n_base"],
-                gamma=p["gamma"], epsilon=self.release_epsilon(), delta=p["delta"], clip_norm=p["clip_norm"],
-                iters=_DP_ITERS, seed=seed)
-            self.start_rounds(protos, B, gamma, seed=seed)
-            return
-        # the data stays on its device: geomkern's steps return tensors where their inputs are
-        res = fedmc.setup([c.x for c in clients], generators=gens, n_prototypes=p["n_prototypes"],
-                          n_base=p["n_base"], gamma=p["gamma"], seed=seed, epsilon_total=p["epsilon_total"],
-                          **self._geometry_params())
-        self.receive(res.basis, res.gamma, res.dictionary, n_classes=n_classes)
-        # a client without data (None) sends nothing
-        sent = [c for c, pr in enumerate(res.prototypes) if pr is not None]
-        self.account({c: res.prototypes[c] for c in sent}, {c: res.lgds[c] for c in sent}, res.epsilon, res.delta)
-
-    def account(self, prototypes: dict, lgds: dict, spent: list, delta: float) -> None:
-        """What the one-time exchange (``protocol="fixed"``) moved and spent, the same for every
-        engine (this setup and fedsim/flower's server): ``prototypes`` / ``lgds`` map the id of each
-        client that released them to what it sent; ``spent``: each client's composed epsilon (one
-        per client); after ``receive``, whose B and dictionary every client downloads."""
-        self.spent, self.delta = spent, delta
-        up = sum(nbytes(pr.centers, pr.counts) + (lgds[c].nbytes() if c in lgds else 0)
-                 for c, pr in prototypes.items())
-        self.setup_bytes = (up, len(spent) * (nbytes(self.B) + self.dictionary.nbytes()))
-
-    def receive(self, B, gamma: float, dictionary, *, n_classes: int) -> None:
-        """Client side after the one-time exchange (``protocol="fixed"``): the GAB B (S, D), the
-        shared gamma and the fused dictionary; calibrate's constants are prepared once here."""
-        self.n_classes = n_classes
-        self.B, self.gamma, self.dictionary = B, gamma, dictionary
-        self.prepared = fedmc.prepare(dictionary, B)
+    # the number of DP calls a client can make (release_epsilon splits epsilon_total over them)
+    def _calls(self) -> int:
+        raise NotImplementedError
 
     def release_epsilon(self) -> float:
         """The epsilon of each of a client's DP releases: ``epsilon``, or ``epsilon_total`` split
@@ -353,12 +446,7 @@ class FedMCAugmenter(Augmenter):
         p = self.p
         if p["epsilon_total"] is None:
             return p["epsilon"]
-        calls = 2
-        if p["protocol"] == "algorithm1":
-            if self.rounds is None:
-                raise ValueError("augmenter 'fedmc': protocol='algorithm1' with epsilon_total splits the budget "
-                                 "over the run's rounds: set the augmenter's rounds before setup")
-            calls = 1 + self.rounds
+        calls = self._calls()
         total, delta = float(p["epsilon_total"]), float(p["delta"])
         epsilon = _split_epsilon(total, delta, calls)
         if epsilon <= 0:
@@ -376,116 +464,272 @@ class FedMCAugmenter(Augmenter):
                              + ", a larger delta, fewer rounds, or inf for no noise")
         return epsilon
 
-    # ---------------------------------------------------------------- protocol="algorithm1"
-    def start_rounds(self, prototypes: list, B, gamma: float, *, seed: int) -> None:
-        """Server side of algorithm1's one-time part, the same for every engine: ``prototypes`` one
-        per client (None: it released none), the GAB ``B`` and ``gamma`` built from them; counts
-        the prototypes up and B down to every client (``setup_bytes``)."""
-        self.B, self.gamma, self.seed, self.delta = B, gamma, seed, self.p["delta"]
-        self.dictionary = self.prepared = self._next = None
-        self.released = [int(pr is not None) for pr in prototypes]  # DP calls per client so far
-        self._spent = {0: 0.0}  # DP calls -> composed epsilon (the accountant is slow to ask)
-        self.previous = None  # S_{r-1}: what rebuilds D_{r-1} after a resume
-        self.setup_bytes = (sum(nbytes(pr.centers, pr.counts) for pr in prototypes if pr is not None),
-                            len(prototypes) * nbytes(B))
+    def bind(self, **kw):
+        super().bind(**kw)
+        self.B = self.gamma = self.dictionary = self.prepared = None
+        self.gens: dict[int, torch.Generator] = {}  # a client's set-up generator between its two releases
 
-    def receive_round(self, B, gamma: float, dictionary, *, n_classes: int, seed: int) -> None:
-        """Client side of an algorithm1 round: the GAB, gamma and the dictionary D_{r-1} to
-        calibrate with (None in round 1: the client trains on its real data)."""
-        self.B, self.gamma, self.seed, self.n_classes = B, gamma, seed, n_classes
-        self._use(dictionary)
-
-    def _use(self, dictionary) -> None:
-        self.dictionary = dictionary
-        self.prepared = None if dictionary is None else fedmc.prepare(dictionary, self.B)
-        self.replaces_data = self.prepared is not None
-
-    def round_lgd(self, cid: int, x: torch.Tensor, round: int):
-        """Client side of algorithm1's round ``round``: client ``cid``'s LGD of its rows ``x`` on the
-        GAB, one DP release at ``release_epsilon`` from its own generator (seed, round, cid), so the
-        same request gives the same LGD; None for a client without rows (it releases nothing)."""
-        if x.shape[0] == 0:
+    # ---------------------------------------------------------------- shared steps
+    def _upload_prototypes(self, cid: int, data: ClientData) -> dict | None:
+        """Step 1 on a client: its DP prototypes (none from a client without rows)."""
+        if data.x.shape[0] == 0:
             return None
         p = self.p
-        return fedmc.setup_client_geometry(x, self.B, self.gamma, generator(self.seed, round, cid, GEOMETRY),
-                                           n_clusters=p["n_clusters"], n_components=p["n_components"],
-                                           epsilon=self.release_epsilon(), delta=p["delta"],
-                                           clip_norm=p["clip_norm"], iters=_DP_ITERS)
+        gen = generator(self.seed, 0, cid, SETUP)  # the run's one derivation
+        pr = fedmc.setup_client_prototypes(data.x, gen, n_prototypes=p["n_prototypes"], epsilon=self.release_epsilon(),
+                                           delta=p["delta"], clip_norm=p["clip_norm"], iters=_DP_ITERS)
+        self.gens[cid] = gen
+        return {"prototypes": fedmc.PrototypeRelease(*pr)}
 
-    def rebuild_from(self, round: int) -> list[int] | None:
-        """After a resume: the clients S_{r-1} whose round r-1 LGDs rebuild D_{r-1} (asked again,
-        they repeat the same draws: nothing new is spent); None when nothing needs rebuilding."""
-        return self.previous if round > 0 and self._next is None else None
+    def _accept_prototypes(self, cid: int, payload: dict) -> dict:
+        pr = payload["prototypes"]
+        if not isinstance(pr, fedmc.PrototypeRelease):
+            raise ValueError(f"client {cid}'s FedMC prototypes are a {type(pr).__name__}, not a PrototypeRelease")
+        _check_rows(f"client {cid}'s FedMC prototypes", pr.centers, self.dim, self.dtype)
+        return payload
 
-    def round_exchange(self, round: int, selected, lgds: dict, *, rebuild: dict | None = None,
-                       released=None) -> None:
-        """Server side of algorithm1's round ``round``, the same for every engine: ``lgds`` maps each
-        client of S_r (``selected``) whose LGD is used to it. D_{r-1} becomes the dictionary of this
-        round (``rebuild``: S_{r-1}'s LGDs again, see ``rebuild_from``), D_r is fused from ``lgds``
-        for the next one; the releases (``released``: the clients that sent an LGD, used or
-        rejected; default ``lgds``' clients), S_r and the round's bytes are counted."""
-        if rebuild is not None:
-            self._next = self._fuse(round - 1, rebuild)
-        self._use(self._next)  # D_{r-1}: None in round 0
-        self._next = self._fuse(round, lgds)
-        for k in (lgds if released is None else released):
-            self.released[k] += 1
-        self.previous = [int(k) for k in selected]
-        down = 0 if self.dictionary is None else len(selected) * self.dictionary.nbytes()
-        self.round_bytes = (sum(lgds[k].nbytes() for k in lgds), down)
+    def _basis(self, uploads: dict) -> None:
+        """Step 2 on the server: the GAB and gamma from the released prototypes (in cid order)."""
+        if not uploads:
+            raise RuntimeError("FedMC: no client's prototypes were usable")
+        self.B, self.gamma = fedmc.setup_server_basis([uploads[k]["prototypes"].prototypes() for k in sorted(uploads)],
+                                                      n_base=self.p["n_base"], gamma=self.p["gamma"], seed=self.seed)
 
-    def _fuse(self, round: int, lgds: dict):
+    def _accept_lgd(self, cid: int, payload: dict, what: str) -> dict:
+        g = payload["lgd"]
+        if not isinstance(g, fedmc.LocalGeometry):
+            raise ValueError(f"client {cid}'s {what} is a {type(g).__name__}, not a LocalGeometry")
+        D = self.B.shape[1]
+        if g.centers.shape[1] != D or g.betas.shape[2] != self.B.shape[0] or g.gamma != self.gamma:
+            raise ValueError(f"client {cid}'s {what} has D={g.centers.shape[1]}, S={g.betas.shape[2]}, gamma={g.gamma}; "
+                             f"the server's GAB has D={D}, S={self.B.shape[0]}, gamma={self.gamma}")
+        return payload
+
+    def _lgd(self, data: ClientData, gen: torch.Generator):
+        """Step 3 on a client: its LGD of its rows on the GAB, one DP release from ``gen``."""
+        p = self.p
+        return fedmc.setup_client_geometry(data.x, self.B, self.gamma, gen, n_clusters=p["n_clusters"],
+                                           n_components=p["n_components"], epsilon=self.release_epsilon(),
+                                           delta=p["delta"], clip_norm=p["clip_norm"], iters=_DP_ITERS)
+
+    def _fuse(self, round: int | None, lgds: dict):
+        """Step 4 on the server: the dictionary fused from ``lgds`` (cid -> LGD, in cid order)."""
         if not lgds:
-            raise ValueError(f"FedMC algorithm1, round {round + 1}: no selected client released an LGD (every "
-                             "one is empty or was left out), so there is no dictionary to fuse")
+            when = "the set-up" if round is None else f"round {round + 1}"
+            raise ValueError(f"FedMC, {when}: no client released a usable LGD (every one is empty or was left "
+                             "out), so there is no dictionary to fuse")
         return fedmc.setup_server_fuse([lgds[k] for k in sorted(lgds)], n_entries=self.p["n_entries"], seed=self.seed)
 
-    def _round_lgds(self, round: int, cids, clients) -> dict:
-        lgds = {k: self.round_lgd(k, clients[k].x, round) for k in cids}
-        return {k: g for k, g in lgds.items() if g is not None}
+    def _take_basis(self, payload: dict) -> None:
+        """A client keeps the GAB and gamma sent after step 2."""
+        self.B, self.gamma = payload["gab"].basis, float(payload["gamma"])
 
-    def begin_round(self, round, selected, clients, *, n_classes, seed):
-        if self.p["protocol"] != "algorithm1":
-            return
-        previous = self.rebuild_from(round)
-        self.round_exchange(round, selected, self._round_lgds(round, selected, clients),
-                            rebuild=None if previous is None else self._round_lgds(round - 1, previous, clients))
+    def _use(self, dictionary) -> None:
+        """Calibrate with ``dictionary`` (None: no calibration); its constants are prepared once."""
+        if dictionary is None or dictionary is not self.dictionary or self.prepared is None:
+            self.prepared = None if dictionary is None else fedmc.prepare(dictionary, self.B)
+        self.dictionary = dictionary
 
-    def state_dict(self) -> dict:
-        if self.p["protocol"] != "algorithm1":
-            return {}
-        return {"released": list(self.released), "previous": self.previous}
+    def _state(self) -> dict:
+        return {} if self.B is None else {"gab": fedmc.GAB(self.B), "gamma": self.gamma}
 
-    def load_state_dict(self, state: dict) -> None:
-        if self.p["protocol"] == "algorithm1" and state:
-            self.released, self.previous = [int(n) for n in state["released"]], state["previous"]
-            self._next = None
-
-    def privacy(self, n_clients: int) -> dict:
-        if self.p["protocol"] != "algorithm1":  # prototypes, then patch centres: two DP releases per client
-            return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.delta,
-                    "releases": 2}
-        for n in set(self.released) - set(self._spent):
-            self._spent[n] = fedmc.spent(self.release_epsilon(), self.delta, iters=_DP_ITERS, releases=n)
-        eps = [self._spent[n] for n in self.released]
-        return {"epsilon_spent": [e if math.isfinite(e) else None for e in eps], "delta": self.delta,
-                "releases": max(self.released), "releases_per_client": list(self.released)}
-
-    def augment(self, cid, data, *, generator):
+    def _calibrate(self, data: ClientData, rows: torch.Tensor, generator):
         p = self.p
-        if p["protocol"] == "algorithm1":
-            if self.prepared is None:  # round 1: no dictionary yet, the client trains on its real data
-                return data.x[:0], data.y[:0]
-            rows = torch.arange(data.x.shape[0], device=data.x.device)  # one x' per x
-        elif p["n_per_sample"] is not None:
-            rows = torch.arange(data.x.shape[0], device=data.x.device).repeat_interleave(p["n_per_sample"])
-        else:
-            rows = fill_sources(data.y, self.n_classes, p["target_per_class"])
         if rows.numel() == 0:
             return data.x[:0], data.y[:0]
         Z = fedmc.calibrate(data.x[rows], self.prepared, formulation=p["formulation"], method=p["method"],
                             scale=p["scale"], steps=p["steps"], anchored=p["anchored"], generator=generator)
         return Z, data.y[rows]
+
+
+class FedMCAlgorithm1(FedMCAugmenter):
+    """``protocol="algorithm1"`` (default; the paper's Algorithm 1): the GAB once (DP prototypes of
+    every client: step ``"prototypes"``); in every round r the participating clients S_r release
+    fresh LGDs (step ``"lgd"``; their own generators (seed, r, k), so round r's geometry follows
+    from (seed, r, S_r)), the server fuses them into D_r, and round r + 1's clients calibrate with
+    D_r, sent down in that step. A client trains on its calibrated samples only, one x' per x (the
+    paper's D-hat_k; ``target_per_class`` and ``n_per_sample`` do not apply). Round 1 has no
+    dictionary yet (D_r exists only after round r's uploads), so its clients train on their real
+    data. Bytes: round r counts S_r's LGD uploads and D_{r-1}'s download to S_r. Privacy: every
+    participation is one more DP release; a client's epsilon composes its prototypes' release and
+    all of its patch releases. With ``epsilon_total`` every release gets the share of a client
+    that takes part in every round (1 + ``rounds`` releases, one noise multiplier:
+    ``release_epsilon``), so no client spends more than epsilon_total, and one selected less often
+    spends less. A resumed run rebuilds D_{r-1} first (step ``"rebuild"``: S_{r-1}'s LGDs asked
+    again repeat the same draws, so nothing new is spent)."""
+
+    def _calls(self):
+        if self.rounds is None:
+            raise ValueError("augmenter 'fedmc': protocol='algorithm1' with epsilon_total splits the budget "
+                             "over the run's rounds: set the augmenter's rounds before setup")
+        return 1 + self.rounds
+
+    def bind(self, **kw):
+        super().bind(**kw)
+        self.released: list[int] = []  # DP calls per client so far
+        self._spent = {0: 0.0}  # DP calls -> composed epsilon (the accountant is slow to ask)
+        self.previous = None  # S_{r-1}: what rebuilds D_{r-1} after a resume
+        self._next = None  # D_r, fused from this round's LGDs for the next round
+        self.replaces_data = False
+
+    def steps(self, round, clients):
+        if round is None:
+            return [("prototypes", clients)]
+        rebuild = self.previous if round > 0 and self._next is None else None
+        return ([("rebuild", rebuild)] if rebuild is not None else []) + [("lgd", clients)]
+
+    def upload(self, step, cid, data, *, round):
+        if step == "prototypes":
+            return self._upload_prototypes(cid, data)
+        if data.x.shape[0] == 0:  # a client without rows releases nothing
+            return None
+        r = round - 1 if step == "rebuild" else round
+        return {"lgd": self._lgd(data, generator(self.seed, r, cid, GEOMETRY))}
+
+    def accept(self, step, cid, payload, *, round):
+        if step == "prototypes":
+            return self._accept_prototypes(cid, payload)
+        return self._accept_lgd(cid, payload, f"FedMC LGD of round {round + (0 if step == 'rebuild' else 1)}")
+
+    def aggregate(self, step, uploads, *, round, clients, rejected):
+        if step == "prototypes":  # the GAB down to every client; the LGDs follow round by round
+            self._basis(uploads)
+            self.released = [int(k in uploads) for k in clients]  # DP calls per client (clients: all, in order)
+            self.setup_bytes = (sum(nbytes(u["prototypes"].centers, u["prototypes"].counts) for u in uploads.values()),
+                                len(clients) * nbytes(self.B))
+            return {k: self._state() for k in clients}
+        lgds = {k: u["lgd"] for k, u in uploads.items()}
+        if step == "rebuild":  # D_{r-1} again, from S_{r-1}'s repeated LGDs
+            self._next = self._fuse(round - 1, lgds)
+            return {}
+        self._use(self._next)  # D_{r-1}: None in round 0
+        self._next = self._fuse(round, lgds)
+        for k in sorted(set(lgds) | set(rejected)):  # every LGD sent is a release, used or not
+            self.released[k] += 1
+        self.previous = [int(k) for k in clients]
+        d = self.dictionary
+        self.round_bytes = (sum(g.nbytes() for g in lgds.values()), 0 if d is None else len(clients) * d.nbytes())
+        return {k: ({} if d is None else {"dictionary": d}) for k in clients}
+
+    def download(self, step, cid, payload, *, round):
+        if step == "prototypes":
+            self._take_basis(payload)
+        elif step == "lgd":
+            self._use(payload.get("dictionary"))
+            self.replaces_data = self.prepared is not None
+
+    def client_state(self, cid, data):
+        return {**self._state(), **({} if self.dictionary is None else {"dictionary": self.dictionary})}
+
+    def load_client_state(self, cid, state):
+        if "gab" in state:
+            self._take_basis(state)
+            self._use(state.get("dictionary"))
+            self.replaces_data = self.prepared is not None
+
+    def state_dict(self):
+        return {"released": list(self.released), "previous": self.previous}
+
+    def load_state_dict(self, state):
+        if state:
+            self.released, self.previous = [int(n) for n in state["released"]], state["previous"]
+            self._next = None
+
+    def privacy(self, n_clients):
+        for n in set(self.released) - set(self._spent):
+            self._spent[n] = fedmc.spent(self.release_epsilon(), self.p["delta"], iters=_DP_ITERS, releases=n)
+        eps = [self._spent[n] for n in self.released]
+        return {"epsilon_spent": [e if math.isfinite(e) else None for e in eps], "delta": self.p["delta"],
+                "releases": max(self.released), "releases_per_client": list(self.released)}
+
+    def augment(self, cid, data, *, generator):
+        if self.prepared is None:  # round 1: no dictionary yet, the client trains on its real data
+            return data.x[:0], data.y[:0]
+        return self._calibrate(data, torch.arange(data.x.shape[0], device=data.x.device), generator)
+
+
+class FedMCFixed(FedMCAugmenter):
+    """``protocol="fixed"``: DP prototypes -> GAB -> local geometry -> fused dictionary, once, from
+    every client (steps ``"prototypes"``, then ``"lgd"``: each client's LGD on the GAB, from the
+    same set-up generator, the dictionary down to every client); then every round fresh
+    calibrated samples labelled like their source, *added* to the client's real data: by default
+    the same budget as GGEUR (fill each held class up to ``target_per_class``), or
+    ``n_per_sample`` per local sample. It was the default until it measured 0.6-2.1 points below
+    Algorithm 1 at every beta (docs/history.md §16): its added rows cost client drift, and neither
+    protocol's samples beat its matched-compute control."""
+
+    def _calls(self):
+        return 2
+
+    def bind(self, **kw):
+        super().bind(**kw)
+        self.spent, self.delta = [], self.p["delta"]
+
+    def steps(self, round, clients):
+        return [("prototypes", clients), ("lgd", clients)] if round is None else []
+
+    def upload(self, step, cid, data, *, round):
+        if step == "prototypes":
+            return self._upload_prototypes(cid, data)
+        if cid not in self.gens:  # it released no prototypes (no rows): it releases nothing more
+            return None
+        return {"lgd": self._lgd(data, self.gens.pop(cid))}  # the generator goes on from its first release
+
+    def accept(self, step, cid, payload, *, round):
+        if step == "prototypes":
+            return self._accept_prototypes(cid, payload)
+        return self._accept_lgd(cid, payload, "FedMC local geometry")
+
+    def aggregate(self, step, uploads, *, round, clients, rejected):
+        if step == "prototypes":
+            self._basis(uploads)
+            self._released = {k: u["prototypes"] for k, u in uploads.items()}
+            return {k: self._state() for k in uploads}  # the LGD step asks those that released
+        lgds = {k: u["lgd"] for k, u in uploads.items()}
+        self._use(self._fuse(None, lgds))
+        # two DP releases per client that released; bytes: its prototypes and LGD up, B and D down to all
+        total = fedmc.spent(self.release_epsilon(), self.p["delta"], iters=_DP_ITERS, releases=2)
+        self.spent = [total if k in self._released else 0.0 for k in clients]  # clients: all, in order
+        self.setup_bytes = (sum(nbytes(pr.centers, pr.counts) + (lgds[k].nbytes() if k in lgds else 0)
+                                for k, pr in self._released.items()),
+                            len(self.spent) * (nbytes(self.B) + self.dictionary.nbytes()))
+        return {k: {**self._state(), "dictionary": self.dictionary} for k in clients}
+
+    def download(self, step, cid, payload, *, round):
+        self._take_basis(payload)
+        if "dictionary" in payload:
+            self._use(payload["dictionary"])
+
+    def client_state(self, cid, data):
+        state = {**self._state(), **({} if self.dictionary is None else {"dictionary": self.dictionary})}
+        if cid in self.gens:  # between its two releases
+            state["generator"] = self.gens[cid].get_state()
+        return state
+
+    def load_client_state(self, cid, state):
+        if "generator" in state:
+            gen = torch.Generator()
+            gen.set_state(state["generator"])
+            self.gens[cid] = gen
+        if "gab" in state:
+            self._take_basis(state)
+            if "dictionary" in state:
+                self._use(state["dictionary"])
+
+    def privacy(self, n_clients):  # prototypes, then patch centres: two DP releases per client
+        return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.delta,
+                "releases": 2}
+
+    def augment(self, cid, data, *, generator):
+        p = self.p
+        if p["n_per_sample"] is not None:
+            rows = torch.arange(data.x.shape[0], device=data.x.device).repeat_interleave(p["n_per_sample"])
+        else:
+            rows = fill_sources(data.y, self.n_classes, p["target_per_class"])
+        return self._calibrate(data, rows, generator)
+
+
+_FEDMC_CLASSES = {"algorithm1": FedMCAlgorithm1, "fixed": FedMCFixed}
 
 
 AUGMENTERS = {"none": Augmenter, "oversample": OversampleAugmenter, "ggeur": GGEURAugmenter,

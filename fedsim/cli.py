@@ -163,8 +163,16 @@ def _run(args) -> int:
         torch.set_num_threads(_auto_threads(out / "config.json" if args.resume else cfg))
     t0 = time.perf_counter()
     try:
-        results = run(cfg, out, resume=bool(args.resume), progress=not args.quiet,
-                      changes=given if args.resume else None, engine=args.engine)
+        kw = dict(resume=bool(args.resume), progress=not args.quiet, changes=given if args.resume else None)
+        if args.engine == "flower":  # fedsim/flower imports the runner, never the reverse
+            from .flower import require_flower
+
+            require_flower()  # a clear error without the optional extra, before it is imported
+            from .flower.server_app import run_simulation
+
+            results = run_simulation(cfg, out, **kw)
+        else:
+            results = run(cfg, out, **kw)
     except KeyboardInterrupt:
         print(f"\ninterrupted: every finished round is checkpointed; continue with\n"
               f"  fedsim run --resume {out}", file=sys.stderr)
@@ -246,9 +254,6 @@ def _exit_now_if_threads_linger(code: int) -> None:
     Flower's simulation runs fedsim's ServerApp in a thread that waits on its dead Ray actors, and
     Python's exit would join it: the process stayed alive after Ctrl-C, orphaned once its parent
     left. Every finished round is already checkpointed (atomic, fsynced writes), so nothing is lost."""
-    import os
-    import threading
-
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.stdout.flush()
         sys.stderr.flush()

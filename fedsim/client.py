@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from torch.nn import functional as F
 
+from ._seeds import AUGMENT, TRAIN, generator
 from .algorithms.base import Algorithm, ClientContext, ClientUpdate, params_of
 
 
@@ -57,3 +59,29 @@ def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size:
         raise DivergedError(f"the local weights {bad} became NaN/Inf")
     return ClientUpdate(cid=ctx.cid, params=params, n_samples=ctx.n_real,
                         loss=total / max(count, 1), extras=extras)
+
+
+def client_round(cfg, algo, augmenter, model, global_params, client, *, seed: int,
+                 round: int, cid: int, n_classes: int):
+    """One client's part of one round, the same in every engine (engine.LocalEngine and the Flower
+    ClientApp, fedsim/flower/client_app.py): the augmenter's samples for (seed, round, cid), then
+    local training from ``global_params`` through the algorithm's client hooks (``algo`` holds this
+    client's state).
+    ``model`` is any model of the run's architecture (loaded here). Returns (ClientUpdate, seconds
+    spent augmenting, seconds training); a diverging client raises DivergedError."""
+    c = client
+    t0 = time.perf_counter()
+    # on the run's device: the augmenters draw where the data is (same numbers on CPU)
+    xa, ya = augmenter.augment(cid, c, generator=generator(seed, round, cid, AUGMENT, device=c.x.device))
+    t_geom = time.perf_counter() - t0
+    model.load_state_dict(global_params)
+    ctx = ClientContext(cid=cid, round=round, model=model,
+                        global_params={k: v.detach().clone() for k, v in global_params.items()},
+                        x=xa.to(c.x.dtype) if augmenter.replaces_data else torch.cat([c.x, xa.to(c.x.dtype)]),
+                        y=ya if augmenter.replaces_data else torch.cat([c.y, ya]),
+                        n_real=c.x.shape[0], n_classes=n_classes, lr=cfg.lr,
+                        x_real=c.x if augmenter.replaces_data else None, y_real=c.y if augmenter.replaces_data else None)
+    t0 = time.perf_counter()
+    upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
+                      weight_decay=cfg.weight_decay, generator=generator(seed, round, cid, TRAIN))
+    return upd, t_geom, time.perf_counter() - t0

@@ -2,14 +2,15 @@
 split. Used when a run's methods are personalised algorithms (``local``, ``fedrep``, ``flic``) or
 its dataset is a ``PersonalDataset`` (clients in their own feature spaces, ``toy:NAME``).
 
-Why a second path beside runner.run_method rather than a flag inside it: that loop trains and
-evaluates *one* global model on one feature space, which a client of dimension D_i cannot even
-run; here each client owns a ``PersonalNet`` (its own input dimension) and the algorithm decides
+The rounds run in the one round loop (loop.run_rounds: client sampling, resume, checkpoints),
+as runner's global-model methods do; what differs is the ``PersonalFederation`` here: the global
+path trains *one* model on one feature space, which a client of dimension D_i cannot even run,
+while here each client owns a ``PersonalNet`` (its own input dimension) and the algorithm decides
 which parameters are averaged and within which group. The local update is the same
 ``client.local_train`` with the same hooks and the same (seed, round, client) streams, run once
-per phase of FedRep's schedule; client sampling is runner's formula. Resume: a checkpoint per
-(method, seed) after every round holds every client's personal weights, the groups' shared
-weights and the algorithm's state, so a resumed run equals an uninterrupted one.
+per phase of FedRep's schedule. A checkpoint after every round holds every client's personal
+weights, the groups' shared weights and the algorithm's state, so a resumed run equals an
+uninterrupted one.
 
 A homogeneous dataset (one file, one test set) becomes a PersonalDataset by the run's partition
 of all its rows (train and test pooled), each client's rows then split 80/20 (seeded) into its
@@ -24,7 +25,6 @@ import numpy as np
 import torch
 
 from . import _checkpoint
-from ._progress import progress_bar
 from ._seeds import TRAIN, generator
 from .algorithms import build_algorithm
 from .algorithms.base import ClientContext, ClientUpdate
@@ -34,8 +34,9 @@ from .data.dataset import ClientSplit, PersonalDataset
 from .data.partition import partition
 from .data import mixed
 from .data.toy import is_toy, load_toy
+from .loop import Federation, run_rounds
 from .models import PersonalNet
-from .runner import results_config, slug, write_config_json
+
 
 def is_personal_run(cfg) -> bool:
     """Whether ``cfg`` runs on this path; a mix it cannot run is an error naming the fix."""
@@ -139,98 +140,98 @@ def _accuracy(model, x, y) -> float:
     return acc
 
 
-def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path, *,
-                        progress: bool = True) -> tuple[dict, dict]:
-    t_start = time.perf_counter()
-    dev = torch.device(cfg.device)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = run_dir / "checkpoint.pt"
-    mp = cfg.model_params if cfg.model == "personal" else {}  # "linear": the default, PersonalNet's defaults
-    algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
-    algo.seed = seed
-    K = len(ds.clients)
-    data = [ClientSplit(*(t.to(dev) for t in (c.x_train, c.y_train, c.x_test, c.y_test)), c.n_classes, c.space)
-            for c in ds.clients]
-    models = []
-    for cid, c in enumerate(data):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_init_seed(seed, cid))
-            models.append(PersonalNet(c.dim, ds.n_classes, **mp).to(dev))
-    embed_dim = models[0].embed[-1].out_features
-    group = [algo.group(cid, c.space) for cid, c in enumerate(data)]
-    # a client alone in its group (FedRep: the only client of its feature space) has nobody to
-    # average with: its shared part never leaves it, so nothing is counted (the server-side
-    # "average" of its one update is the update itself, computed as for any group)
-    alone = {g for g in group if group.count(g) == 1}
-    personal = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
-    shared: dict[str, dict] = {}
-    for cid, g in enumerate(group):  # a group's shared weights start as its first member's
-        shared.setdefault(g, {k: v for k, v in personal[cid].items() if algo.shares(k)})
-    algo.setup(n_classes=ds.n_classes, embed_dim=embed_dim, seed=seed, device=dev)
-    history, timings, start = [], {"rounds": []}, 0
-    # verified like the global path's checkpoints: format, configuration, and the dataset's checksum
-    # (a toy problem or wordnet:mixed regenerated differently, or another dataset file, is refused)
-    fingerprint = _checkpoint.fingerprint(cfg, spec.name, seed)
-    dataset_sum = _checkpoint.dataset_checksum(ds)
-    if ckpt.is_file():
-        state = _checkpoint.load(ckpt, fingerprint=fingerprint, dataset=dataset_sum, template=None,
-                                 rounds=cfg.rounds, device=dev, weights=("personal", "shared"),
-                                 redo=f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1, "
-                                      "or start the whole run again with another --out")
-        start, personal, shared = state["round"], state["personal"], state["shared"]
-        if len(personal) != K or any(
-                set(personal[cid]) | set(shared.get(group[cid], {})) != set(models[cid].state_dict())
-                for cid in range(K)):
+class PersonalFederation(Federation):
+    """A model per client (PersonalNet: its own input dimension), the algorithm deciding which
+    parameters are averaged and within which group; every client evaluated on its own test split
+    after each round (loop.py runs the rounds)."""
+
+    template = None  # per-client models differ in shape: restore checks them
+    weights = ("personal", "shared")
+
+    def __init__(self, cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path):
+        dev = torch.device(cfg.device)
+        self.cfg, self.spec, self.seed, self.ds = cfg, spec, seed, ds
+        mp = cfg.model_params if cfg.model == "personal" else {}  # "linear": the default, PersonalNet's defaults
+        self.algo = algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
+        algo.seed = seed
+        self.n_clients = len(ds.clients)
+        self.data = [ClientSplit(*(t.to(dev) for t in (c.x_train, c.y_train, c.x_test, c.y_test)), c.n_classes,
+                                 c.space) for c in ds.clients]
+        self.models = []
+        for cid, c in enumerate(self.data):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(_init_seed(seed, cid))
+                self.models.append(PersonalNet(c.dim, ds.n_classes, **mp).to(dev))
+        embed_dim = self.models[0].embed[-1].out_features
+        self.group = [algo.group(cid, c.space) for cid, c in enumerate(self.data)]
+        # a client alone in its group (FedRep: the only client of its feature space) has nobody to
+        # average with: its shared part never leaves it, so nothing is counted (the server-side
+        # "average" of its one update is the update itself, computed as for any group)
+        self.alone = {g for g in self.group if self.group.count(g) == 1}
+        self.personal = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in self.models]
+        self.shared: dict[str, dict] = {}
+        for cid, g in enumerate(self.group):  # a group's shared weights start as its first member's
+            self.shared.setdefault(g, {k: v for k, v in self.personal[cid].items() if algo.shares(k)})
+        algo.setup(n_classes=ds.n_classes, embed_dim=embed_dim, seed=seed, device=dev)
+        self.run_dir = run_dir
+
+    def restore(self, state):
+        personal, shared = state["personal"], state["shared"]
+        if len(personal) != self.n_clients or any(
+                set(personal[cid]) | set(shared.get(self.group[cid], {})) != set(self.models[cid].state_dict())
+                for cid in range(self.n_clients)):
             raise _checkpoint.CheckpointError(
-                f"cannot resume from {ckpt}: its per-client weights do not fit this run's {K} client models; "
-                f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1")
-        history, timings = state["history"], state["timings"]
-        algo.load_state_dict(state["algorithm"])
-    # wall_s as in runner.run_method: summed over the sessions that ran this (method, seed), each up to
-    # its last checkpoint; a resume that finds it finished runs no round and leaves it as recorded
-    wall_before = timings.get("wall_s", 0.0)
+                f"cannot resume from {self.run_dir / 'checkpoint.pt'}: its per-client weights do not fit this run's "
+                f"{self.n_clients} client models; delete the folder {self.run_dir} to redo {self.spec.name} seed "
+                f"{self.seed} from round 1")
+        self.personal, self.shared = personal, shared
+        self.algo.load_state_dict(state["algorithm"])
 
-    def load(cid):
-        models[cid].load_state_dict({**personal[cid], **shared[group[cid]]})
-        return models[cid]
+    def _load(self, cid):
+        self.models[cid].load_state_dict({**self.personal[cid], **self.shared[self.group[cid]]})
+        return self.models[cid]
 
-    n_sel = max(1, int(round(cfg.client_fraction * K)))
-    rounds = progress_bar(range(start, cfg.rounds), desc=f"{spec.name} seed {seed}", unit="round",
-                          initial=start, total=cfg.rounds, enabled=progress)
-    for r in rounds:
-        rng = np.random.default_rng([seed, r, 17])  # runner's client sampling
-        selected = sorted(rng.choice(K, n_sel, replace=False).tolist())
+    def round(self, r, selected):
+        cfg, algo, group = self.cfg, self.algo, self.group
         by_group: dict[str, list] = {}
         up, down, losses, t0 = 0, 0, [], time.perf_counter()
         for cid in selected:
-            c, model = data[cid], load(cid)
-            g = shared[group[cid]]
+            c, model = self.data[cid], self._load(cid)
+            g = self.shared[group[cid]]
             ctx = ClientContext(cid=cid, round=r, model=model, global_params={k: v.clone() for k, v in g.items()},
-                                x=c.x_train, y=c.y_train, n_real=c.x_train.shape[0], n_classes=ds.n_classes,
+                                x=c.x_train, y=c.y_train, n_real=c.x_train.shape[0], n_classes=self.ds.n_classes,
                                 lr=cfg.lr)
-            upd = _train(algo, ctx, cfg, generator(seed, r, cid, TRAIN))
-            personal[cid] = {k: v for k, v in upd.params.items() if not algo.shares(k)}
+            upd = _train(algo, ctx, cfg, generator(self.seed, r, cid, TRAIN))
+            self.personal[cid] = {k: v for k, v in upd.params.items() if not algo.shares(k)}
             sent = ClientUpdate(cid, {k: v for k, v in upd.params.items() if algo.shares(k)}, upd.n_samples,
                                 upd.loss, upd.extras)
             by_group.setdefault(group[cid], []).append(sent)
             losses.append(upd.loss)
-            if (sent.params or sent.extras) and group[cid] not in alone:
+            if (sent.params or sent.extras) and group[cid] not in self.alone:
                 up += sent.upload_bytes()
                 down += algo.download_bytes(g)
         for gname, ups in by_group.items():
             if ups[0].params or ups[0].extras:
-                shared[gname] = algo.aggregate(shared[gname], ups, n_clients=group.count(gname))
-        client_acc = [_accuracy(load(cid), c.x_test, c.y_test) for cid, c in enumerate(data)]
-        history.append({"round": r + 1, "accuracy": float(np.mean(client_acc)), "client_accuracy": client_acc,
-                        "train_loss": float(np.mean(losses)), "bytes_up": up, "bytes_down": down})
-        timings["rounds"].append({"round": r + 1, "train_s": time.perf_counter() - t0, "geometry_s": 0.0})
-        timings["wall_s"] = wall_before + (time.perf_counter() - t_start)
-        _checkpoint.save(ckpt, {"round": r + 1, "personal": personal, "shared": shared,
-                                "algorithm": algo.state_dict(), "history": history, "timings": timings},
-                         fingerprint=fingerprint, dataset=dataset_sum)
-        rounds.set_postfix(acc=f"{history[-1]['accuracy']:.3f}")
-    rounds.close()
-    return {**_metrics(history), **algo.run_report()}, timings
+                self.shared[gname] = algo.aggregate(self.shared[gname], ups, n_clients=group.count(gname))
+        client_acc = [_accuracy(self._load(cid), c.x_test, c.y_test) for cid, c in enumerate(self.data)]
+        entry = {"accuracy": float(np.mean(client_acc)), "client_accuracy": client_acc,
+                 "train_loss": float(np.mean(losses)), "bytes_up": up, "bytes_down": down}
+        return entry, {"train_s": time.perf_counter() - t0, "geometry_s": 0.0}
+
+    def state(self):
+        return {"personal": self.personal, "shared": self.shared, "algorithm": self.algo.state_dict()}
+
+
+def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path, *,
+                        progress: bool = True) -> tuple[dict, dict]:
+    """``spec`` for cfg.rounds rounds through loop.run_rounds; checkpoints verified like the global
+    path's (format, configuration, and the dataset's checksum: a toy problem or wordnet:mixed
+    regenerated differently, or another dataset file, is refused). Returns (metrics, timings)."""
+    fed = PersonalFederation(cfg, spec, seed, ds, run_dir)
+    history, timings, _ = run_rounds(fed, cfg, spec, seed, run_dir, fingerprint=_checkpoint.fingerprint(cfg, spec.name, seed),
+                                     dataset_sum=_checkpoint.dataset_checksum(ds), device=torch.device(cfg.device),
+                                     progress=progress)
+    return {**_metrics(history), **fed.algo.run_report()}, timings
 
 
 def _metrics(history: list[dict]) -> dict:
@@ -241,28 +242,3 @@ def _metrics(history: list[dict]) -> dict:
             "train_loss": [h["train_loss"] for h in history],
             "bytes_up": int(sum(h["bytes_up"] for h in history)),
             "bytes_down": int(sum(h["bytes_down"] for h in history))}
-
-
-def run_personal(cfg, out: Path, *, resume: bool = False, progress: bool = True) -> dict:
-    """runner.run for personalised methods (called by it after the config checks)."""
-    from . import report
-
-    seeds = [cfg.seed + i for i in range(cfg.seeds)]
-    datasets = {s: personal_dataset(cfg, s) for s in seeds}  # before writing anything
-    out.mkdir(parents=True, exist_ok=True)
-    # again on resume: it may have raised rounds; personalised runs run on the local engine only
-    # (flower.server_app.check_supported refuses them)
-    write_config_json(cfg, out, "local")
-    first = datasets[seeds[0]]
-    results = {"config": results_config(cfg), "dataset": first.summary(), "personalised": True, "methods": {}}
-    timings = {}
-    for spec in cfg.methods:
-        per_seed, tim = {}, {}
-        for s in seeds:
-            per_seed[str(s)], tim[str(s)] = run_personal_method(
-                cfg, spec, s, datasets[s], out / "runs" / f"{slug(spec.name)}-seed{s}", progress=progress)
-        results["methods"][spec.name] = {"algorithm": spec.algorithm, "augmenter": spec.augmenter,
-                                         "seeds": per_seed, "summary": report.summarise(per_seed)}
-        timings[spec.name] = tim
-    report.write_outputs(results, timings, first, first.parts, out)
-    return results

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from ._io import atomic_write, json_text
+from .algorithms import ALGORITHMS
+from .augmenters import AUGMENTERS
 from .data.partition import class_matrix
 from .metrics import CONVERGENCE_SLOPE, CONVERGENCE_WINDOW
 
@@ -72,9 +74,6 @@ def control_of(method: dict, methods: list[dict]) -> str | None:
     its fixed protocol -> oversample) under the same algorithm and algorithm parameters; failing that,
     the algorithm's (FedMP -> FedAvg under the same schedule) under the same augmenter and augmenter
     parameters. The first of a plug-in's preferences found in the run is taken."""
-    from .algorithms import ALGORITHMS
-    from .augmenters import AUGMENTERS
-
     def alg(m):
         return m["algorithm"].lower(), {**ALGORITHMS[m["algorithm"].lower()].defaults, **m["algorithm_params"]}
 

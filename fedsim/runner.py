@@ -1,11 +1,15 @@
-"""The one round loop: every algorithm x augmenter is a configuration of it.
+"""A run: its configuration (``RunConfig``), every (method, seed) through the one round loop
+(loop.run_rounds; ``GlobalFederation`` here, personal.PersonalFederation for the personalised
+methods), its clients reached through an engine (engine.py: ``LocalEngine`` by default, the Flower
+engine in fedsim/flower, which imports this module), and its outputs.
 
 Determinism: all randomness is derived from (seed, round, client) — client sampling, shuffling,
 augmentation, the augmenters' set-up (one derivation, ``_seeds.py``) — so a run resumed from its
-last checkpoint continues exactly as an uninterrupted one. Each (method, seed) writes ``checkpoint.pt`` after every round (atomic rename); the run's
-``results.json`` appears only when every method and seed has finished. Timings go to
-``timings.json`` (they differ between runs; the results do not): per (method, seed) the seconds
-of each round's training and geometry, the one-time geometry set-up and the wall time (``wall_s``).
+last checkpoint continues exactly as an uninterrupted one. Each (method, seed) writes
+``checkpoint.pt`` after every round (atomic rename); the run's ``results.json`` appears only when
+every method and seed has finished. Timings go to ``timings.json`` (they differ between runs; the
+results do not): per (method, seed) the seconds of each round's training and geometry, the
+one-time geometry set-up and the wall time (``wall_s``).
 """
 from __future__ import annotations
 
@@ -13,49 +17,36 @@ import json
 import math
 import sys
 import time
+import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import _checkpoint
+from . import _checkpoint, report
 from ._io import atomic_write, json_text, remove_stale_tmp
 from ._params import apply_params, check_params_table
-from ._progress import progress_bar
-from ._seeds import AUGMENT, TRAIN, generator
-from .algorithms import build_algorithm
-from .algorithms.base import ClientContext
-from .augmenters import ClientData, build_augmenter
+from ._specs import CENTRALISED, MethodSpec, default_methods, slug
 from ._validate_config import (ConfigError, apply_resume_changes, check_config, check_model_memory, check_out,
                                read_config_json)
-from .client import DivergedError, local_train
+from .algorithms import build_algorithm
+from .augmenters import ClientData, build_augmenter
+from .client import DivergedError, client_round
 from .data import load_dataset
 from .data.partition import USES_BETA, feature_shift, partition
 from .data.split import validation_split
+from .engine import Engine, LocalEngine
+from .loop import Federation, run_rounds
 from .metrics import CONVERGENCE_WINDOW, convergence, final_report
 from .models import MODELS, apply_run_defaults, build_model, has_trunk, run_defaults
+from .personal import is_personal_run, personal_dataset, run_personal_method
 from .prompt import check_prompt_dataset
 
-
-@dataclass
-class MethodSpec:
-    name: str
-    algorithm: str = "fedavg"
-    augmenter: str = "none"
-    algorithm_params: dict = field(default_factory=dict)
-    augmenter_params: dict = field(default_factory=dict)
-
-
-def default_methods() -> list[MethodSpec]:
-    # the matched-compute controls (docs/design.md note 9): FedAvg+oversample for GGEUR (extra rows),
-    # FedAvg itself for FedMC under its default Algorithm 1 (one calibrated row per real row)
-    return [MethodSpec("FedAvg"), MethodSpec("FedAvg+oversample", augmenter="oversample"),
-            MethodSpec("FedAvg+GGEUR", augmenter="ggeur"), MethodSpec("FedAvg+FedMC", augmenter="fedmc")]
-
-
-# the name of the ceiling row RunConfig.centralised adds (fedsim run --centralised)
-CENTRALISED = "Centralised"
+# public here too: MethodSpec, slug, CENTRALISED and default_methods live in _specs (a leaf);
+# client_round in client.py (the engines' one client step)
+__all__ = ["CENTRALISED", "MethodSpec", "RunConfig", "client_round", "default_methods", "load_config",
+           "run", "run_method", "slug"]
 
 
 @dataclass
@@ -148,8 +139,6 @@ class RunConfig:
 
 def read_config_toml(path) -> dict:
     """A TOML config file's tables as a dict (a clear error for a missing or malformed file)."""
-    import tomllib
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}")
@@ -197,8 +186,6 @@ def results_config(cfg: RunConfig) -> dict:
     ``val_fraction`` on the personalised path (its clients keep their own 80/20 train/test split and
     no validation rows). (config.json keeps them: a resumed run's checkpoints are verified against
     every field.)"""
-    from .personal import is_personal_run  # (personal.py imports this module)
-
     d = cfg.to_dict()
     if cfg.partition not in USES_BETA:
         del d["beta"]
@@ -224,10 +211,6 @@ def accuracy(model, x, y) -> float:
     """The share of rows (x, y) the model classifies right (the validation rows' score)."""
     model.eval()
     return float((model(x)[0].argmax(1) == y).to(torch.float64).mean())
-
-
-def slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in name).strip("-").lower()
 
 
 def make_partition(cfg: RunConfig, ds, seed: int) -> list[torch.Tensor]:
@@ -277,156 +260,110 @@ def initial_model(cfg: RunConfig, ds, seed: int):
 
 
 # ------------------------------------------------------------------------------ one method, one seed
+class GlobalFederation(Federation):
+    """One global model trained by ``spec``'s algorithm, its clients reached through ``engine``,
+    evaluated on the test rows and on every client's validation rows after each round (loop.py
+    runs the rounds)."""
+
+    def __init__(self, cfg: RunConfig, spec: MethodSpec, seed: int, ds, clients, x_test, engine: Engine, *,
+                 progress: bool):
+        dev = torch.device(cfg.device)
+        self.cfg, self.spec, self.seed, self.ds, self.clients, self.engine = cfg, spec, seed, ds, clients, engine
+        self.progress = progress
+        self.n_clients = len(clients)
+        self.x_test, self.y_test = x_test.to(dev), ds.y_test.to(dev)
+        self.x_val, self.y_val = torch.cat([c.x_val for c in clients]), torch.cat([c.y_val for c in clients])
+        self.d_test = None if ds.d_test is None else ds.d_test.to(dev)
+        self.model = initial_model(cfg, ds, seed)
+        self.algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
+        self.algo.seed = seed  # algorithms that draw (FedMP's bank samples) derive from (seed, round, client)
+        self.global_params = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.template = self.global_params
+        self.privacy, self.aug_state, self.zero_shot = None, {}, None
+        self.augmenter = None
+
+    def restore(self, state):
+        self.global_params, self.privacy = state["global"], state.get("privacy")
+        self.aug_state = state.get("augmenter", {})
+        if state.get("zero_shot") is not None:  # else the value computed for round 0 (the same model)
+            self.zero_shot = state["zero_shot"]
+        self.algo.load_state_dict(state["algorithm"])
+
+    def begin(self, start, timings):
+        cfg, ds = self.cfg, self.ds
+        self.augmenter = build_augmenter(self.spec.augmenter, **self.spec.augmenter_params)
+        self.augmenter.rounds = cfg.rounds
+        t0 = time.perf_counter()
+        self.engine.start(cfg, self.spec, self.seed, self.clients, self.augmenter, self.model, ds.n_classes)
+        self.engine.exchange(self.augmenter, None, list(range(self.n_clients)))
+        self.augmenter.load_state_dict(self.aug_state)  # a per-round augmenter's state up to the checkpoint's round
+        timings["geometry_setup_s"] = timings.get("geometry_setup_s", 0.0) + (time.perf_counter() - t0)
+        self.privacy = self.augmenter.privacy(self.n_clients)
+        self.setup_up, self.setup_down = self.augmenter.setup_bytes
+
+    def round(self, r, selected):
+        cfg, spec, algo, augmenter = self.cfg, self.spec, self.algo, self.augmenter
+        t0 = time.perf_counter()
+        self.engine.exchange(augmenter, r, selected)
+        (up, down), t_geom = augmenter.round_bytes, time.perf_counter() - t0
+        try:  # the selected clients train (on the engine), in cid order
+            done = self.engine.train(spec, self.seed, r, selected, self.global_params, algo)
+        except DivergedError as exc:  # args: (what, the client's id)
+            raise DivergedError(_diverged(cfg, spec, self.seed, r, f"client {exc.args[1]}", exc.args[0],
+                                          self.clients)) from None
+        updates, t_train = [], 0.0
+        for upd, dt_geom, dt_train in done:
+            t_geom, t_train = t_geom + dt_geom, t_train + dt_train
+            updates.append(upd)
+            up += algo.upload_bytes(upd)
+            down += algo.download_bytes(self.global_params)
+        self.global_params = algo.aggregate(self.global_params, updates, n_clients=self.n_clients)
+        bad = [k for k, v in self.global_params.items()
+               if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise DivergedError(_diverged(cfg, spec, self.seed, r, f"the server's aggregation ({spec.algorithm})",
+                                          f"the global weights {bad} became NaN/Inf", self.clients))
+        self.model.load_state_dict(self.global_params)
+        acc, per_domain = evaluate(self.model, self.x_test, self.y_test, self.d_test, self.ds.n_domains)
+        if r == 0:
+            up, down = up + self.setup_up, down + self.setup_down
+        entry = {"accuracy": acc, "per_domain": per_domain, "train_loss": float(np.mean([u.loss for u in updates])),
+                 "bytes_up": up, "bytes_down": down}
+        if self.y_val.numel():
+            entry["val_accuracy"] = accuracy(self.model, self.x_val, self.y_val)
+        self.privacy = augmenter.privacy(self.n_clients)  # a per-round exchange spends more each round
+        return entry, {"train_s": t_train, "geometry_s": t_geom}
+
+    def state(self):
+        return {"global": self.global_params, "algorithm": self.algo.state_dict(), "privacy": self.privacy,
+                "augmenter": self.augmenter.state_dict(), "zero_shot": self.zero_shot}
+
+
 def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: Path,
-               *, progress: bool = True, dataset_sum: str | None = None, engine=None,
+               *, progress: bool = True, dataset_sum: str | None = None, engine: Engine | None = None,
                pooled: bool = False) -> tuple[dict, dict]:
-    """Train ``spec`` for cfg.rounds rounds (continuing from run_dir/checkpoint.pt if present, once
-    verified: _checkpoint.load), evaluating the global model on the test rows and on every
-    client's validation rows after each round. ``pooled``: one client holding every client's rows
-    (the centralised row: client_data). ``dataset_sum``: ds's checksum if already computed. ``engine``:
-    None runs every client here; else an object whose ``setup(augmenter, spec, seed)`` runs the
-    augmenter's exchange, whose ``begin_round(augmenter, spec, seed, round, selected)`` its per-round
-    exchange (the augmenter's ``begin_round``), and whose ``train(spec, seed, round, selected, global_params, algo)``
-    returns each selected client's (ClientUpdate, geometry s, train s) in cid order, the clients
-    running elsewhere (fedsim/flower/server_app.py: Flower's SuperNodes).
-    Returns (metrics, timings). A non-finite loss or weights raise DivergedError."""
-    t_start = time.perf_counter()
-    dev = torch.device(cfg.device)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = run_dir / "checkpoint.pt"
+    """Train ``spec`` for cfg.rounds rounds through loop.run_rounds (continuing from
+    run_dir/checkpoint.pt if present, once verified), evaluating the global model on the test rows
+    and on every client's validation rows after each round. ``pooled``: one client holding every
+    client's rows (the centralised row: client_data). ``dataset_sum``: ds's checksum if already
+    computed. ``engine``: how the clients are reached (engine.Engine; default a LocalEngine, every
+    client in this process). Returns (metrics, timings). A non-finite loss or weights raise
+    DivergedError."""
+    engine = engine or LocalEngine(progress=progress)
     clients, x_test = client_data(cfg, ds, parts, seed, pooled=pooled)
-    x_test, y_test = x_test.to(dev), ds.y_test.to(dev)
-    x_val, y_val = torch.cat([c.x_val for c in clients]), torch.cat([c.y_val for c in clients])
-    d_test = None if ds.d_test is None else ds.d_test.to(dev)
-    model = initial_model(cfg, ds, seed)
-    algo = build_algorithm(spec.algorithm, **spec.algorithm_params)
-    algo.seed = seed  # algorithms that draw (FedMP's bank samples) derive from (seed, round, client)
-    global_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    history: list[dict] = []
-    timings: dict = {"rounds": []}
-    start = 0
+    fed = GlobalFederation(cfg, spec, seed, ds, clients, x_test, engine, progress=progress)
     # the centralised row under a shift trains on the clients' views (it once took one client's view for all:
     # such a checkpoint is refused)
     views = "pooled client views" if pooled and (cfg.feature_shift or cfg.feature_noise) else None
     fingerprint = _checkpoint.fingerprint(cfg, spec.name, seed, data=views)
     dataset_sum = dataset_sum or _checkpoint.dataset_checksum(ds)
-    privacy, aug_state, zero_shot = None, {}, None
-    if ckpt.is_file():
-        state = _checkpoint.load(ckpt, fingerprint=fingerprint, dataset=dataset_sum, template=global_params,
-                                 rounds=cfg.rounds, device=dev,
-                                 redo=f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1, "
-                                      "or start the whole run again with another --out")
-        start, global_params, history, timings = state["round"], state["global"], state["history"], state["timings"]
-        privacy, aug_state = state.get("privacy"), state.get("augmenter", {})
-        algo.load_state_dict(state["algorithm"])
-        zero_shot = state.get("zero_shot")
-    # wall_s: this (method, seed)'s wall time, summed over the sessions that ran it, each from the start
-    # of this call to its last checkpoint (the final evaluation after it, and the time an interruption lost
-    # after it, are not counted). It is checkpointed with the rounds, so a resume that finds the
-    # method finished returns below without running it and reports the time recorded when it ran,
-    # not the seconds that resume spent loading it (a checkpoint written before wall_s was recorded
-    # has none).
-    wall_before = timings.get("wall_s", 0.0)
-    if zero_shot is None and (cfg.zero_shot or cfg.model == "prompt"):  # round 0: the untrained model
-        zero_shot = evaluate(model, x_test, y_test)[0]
-    if start >= cfg.rounds:
-        return {**_metrics(history, ds, privacy, zero_shot),
-                **_final_report(model, global_params, x_test, y_test, clients, ds.n_classes)}, timings
-
-    augmenter = build_augmenter(spec.augmenter, **spec.augmenter_params)
-    augmenter.rounds = cfg.rounds
-    t0 = time.perf_counter()
-    if engine is not None:  # the exchange runs between the engine's clients and this server
-        engine.setup(augmenter, spec, seed)
-    else:
-        augmenter.setup(clients, n_classes=ds.n_classes, seed=seed)
-    augmenter.load_state_dict(aug_state)  # a per-round augmenter's state up to the checkpoint's round
-    timings["geometry_setup_s"] = timings.get("geometry_setup_s", 0.0) + (time.perf_counter() - t0)
-    privacy = augmenter.privacy(len(clients))
-    setup_up, setup_down = augmenter.setup_bytes
-    K = len(clients)
-    n_sel = max(1, int(round(cfg.client_fraction * K)))
-    rounds = progress_bar(range(start, cfg.rounds), desc=f"{spec.name} seed {seed}", unit="round",
-                          initial=start, total=cfg.rounds, enabled=progress)
-    for r in rounds:
-        rng = np.random.default_rng([seed, r, 17])
-        selected = sorted(rng.choice(K, n_sel, replace=False).tolist())
-        t0 = time.perf_counter()
-        if engine is not None:  # a per-round exchange between the engine's clients and this server
-            engine.begin_round(augmenter, spec, seed, r, selected)
-        else:
-            augmenter.begin_round(r, selected, clients, n_classes=ds.n_classes, seed=seed)
-        (up, down), t_geom = augmenter.round_bytes, time.perf_counter() - t0
-        updates, t_train = [], 0.0
-        if engine is not None:  # the selected clients train elsewhere (fedsim/flower), in cid order
-            try:
-                done = engine.train(spec, seed, r, selected, global_params, algo)
-            except DivergedError as exc:  # args: (what, the client's id)
-                raise DivergedError(_diverged(cfg, spec, seed, r, f"client {exc.args[1]}", exc.args[0],
-                                              clients)) from None
-        else:
-            done = []
-            for cid in progress_bar(selected, desc="clients", unit="client", enabled=progress, nested=True):
-                try:
-                    done.append(client_round(cfg, algo, augmenter, model, global_params, clients[cid],
-                                             seed=seed, round=r, cid=cid, n_classes=ds.n_classes))
-                except DivergedError as exc:
-                    raise DivergedError(_diverged(cfg, spec, seed, r, f"client {cid}", exc, clients)) from None
-        for upd, dt_geom, dt_train in done:
-            t_geom, t_train = t_geom + dt_geom, t_train + dt_train
-            updates.append(upd)
-            up += algo.upload_bytes(upd)
-            down += algo.download_bytes(global_params)
-        global_params = algo.aggregate(global_params, updates, n_clients=K)
-        bad = [k for k, v in global_params.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        if bad:
-            raise DivergedError(_diverged(cfg, spec, seed, r, f"the server's aggregation ({spec.algorithm})",
-                                          f"the global weights {bad} became NaN/Inf", clients))
-        model.load_state_dict(global_params)
-        acc, per_domain = evaluate(model, x_test, y_test, d_test, ds.n_domains)
-        if r == 0:
-            up, down = up + setup_up, down + setup_down
-        history.append({"round": r + 1, "accuracy": acc, "per_domain": per_domain,
-                        "train_loss": float(np.mean([u.loss for u in updates])),
-                        "bytes_up": up, "bytes_down": down})
-        if y_val.numel():
-            history[-1]["val_accuracy"] = accuracy(model, x_val, y_val)
-        timings["rounds"].append({"round": r + 1, "train_s": t_train, "geometry_s": t_geom})
-        privacy = augmenter.privacy(len(clients))  # a per-round exchange spends more each round
-        timings["wall_s"] = wall_before + (time.perf_counter() - t_start)
-        _checkpoint.save(ckpt, {"round": r + 1, "global": global_params, "algorithm": algo.state_dict(),
-                                "history": history, "timings": timings, "privacy": privacy,
-                                "augmenter": augmenter.state_dict(), "zero_shot": zero_shot},
-                         fingerprint=fingerprint, dataset=dataset_sum)
-        rounds.set_postfix(acc=f"{acc:.3f}")
-    rounds.close()
-    return {**_metrics(history, ds, privacy, zero_shot),
-            **_final_report(model, global_params, x_test, y_test, clients, ds.n_classes)}, timings
-
-
-def client_round(cfg: RunConfig, algo, augmenter, model, global_params, client: ClientData, *, seed: int,
-                 round: int, cid: int, n_classes: int):
-    """One client's part of one round, the same in every engine (this loop and the Flower ClientApp,
-    fedsim/flower/client_app.py): the augmenter's samples for (seed, round, cid), then local training
-    from ``global_params`` through the algorithm's client hooks (``algo`` holds this client's state).
-    ``model`` is any model of the run's architecture (loaded here). Returns (ClientUpdate, seconds
-    spent augmenting, seconds training); a diverging client raises DivergedError."""
-    c = client
-    t0 = time.perf_counter()
-    # on the run's device: the augmenters draw where the data is (same numbers on CPU)
-    xa, ya = augmenter.augment(cid, c, generator=generator(seed, round, cid, AUGMENT, device=c.x.device))
-    t_geom = time.perf_counter() - t0
-    model.load_state_dict(global_params)
-    ctx = ClientContext(cid=cid, round=round, model=model,
-                        global_params={k: v.detach().clone() for k, v in global_params.items()},
-                        x=xa.to(c.x.dtype) if augmenter.replaces_data else torch.cat([c.x, xa.to(c.x.dtype)]),
-                        y=ya if augmenter.replaces_data else torch.cat([c.y, ya]),
-                        n_real=c.x.shape[0], n_classes=n_classes, lr=cfg.lr,
-                        x_real=c.x if augmenter.replaces_data else None, y_real=c.y if augmenter.replaces_data else None)
-    t0 = time.perf_counter()
-    upd = local_train(algo, ctx, epochs=cfg.local_epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
-                      weight_decay=cfg.weight_decay, generator=generator(seed, round, cid, TRAIN))
-    return upd, t_geom, time.perf_counter() - t0
+    if cfg.zero_shot or cfg.model == "prompt":  # round 0: the untrained model (kept by a resume)
+        fed.zero_shot = evaluate(fed.model, fed.x_test, fed.y_test)[0]
+    history, timings, _ = run_rounds(fed, cfg, spec, seed, run_dir, fingerprint=fingerprint,
+                                       dataset_sum=dataset_sum, device=torch.device(cfg.device), progress=progress)
+    engine.finish(spec, seed, fed.global_params, timings)
+    return {**_metrics(history, ds, fed.privacy, fed.zero_shot),
+            **_final_report(fed.model, fed.global_params, fed.x_test, fed.y_test, clients, ds.n_classes)}, timings
 
 
 def _diverged(cfg: RunConfig, spec: MethodSpec, seed: int, r: int, where: str, what, clients) -> str:
@@ -562,32 +499,32 @@ def _finished(out: Path, cfg: RunConfig) -> bool:
         return False  # a damaged results.json is written again at the end
 
 
-def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
-        changes: dict | None = None, engine="local", round_timeout: float | None = None) -> dict:
-    """Run every method for every seed; write results.json/.csv, timings.json and plots.
+@dataclass
+class Plan:
+    """A run checked and ready (``plan``): nothing is written yet. ``execute`` runs it."""
+    cfg: RunConfig
+    out: Path
+    resume: bool
+    engine_name: str
+    write_config: bool
+    seeds: list[int]
+    data: dict  # seed -> the personalised path's PersonalDataset; for the global path the Dataset under key None
+    partitions: dict  # seed -> the global path's partition (empty on the personalised path)
+    dataset_sum: str | None
+    personal: bool
 
-    Every value is checked before anything is written, and a fresh run that fails before its first
-    checkpoint removes what it wrote, so the same ``out_dir`` can be used again. ``resume``
-    continues the run in ``out_dir`` from its config.json (``cfg`` is not used) and its verified
-    checkpoints; ``changes`` (RunConfig field -> value, the CLI's flags given with --resume) may
-    raise ``rounds`` (a finished run then continues) and repeat the run's values, anything else
-    is refused by name. ``engine``: "local" (every client in this process), "flower" (Flower's
-    Simulation Engine, fedsim/flower) or a Flower Grid (inside a ServerApp: a real deployment);
-    the same results either way. ``round_timeout``: seconds a Flower step waits for its clients."""
-    from . import report
 
-    if not (engine in ("local", "flower") or hasattr(engine, "send_and_receive")):
-        raise ValueError(f"--engine {engine!r} is not known; choose 'local' or 'flower'")
-    if engine != "local":
-        from .flower import require_flower
-
-        require_flower()
-        if resume:
-            raise ValueError(f"--resume {out_dir}: a run on the Flower engine cannot be resumed (its clients' state "
-                             "lived in the SuperNodes of that run); start it again with another --out")
-    # what config.json records: a Grid (a real deployment's) runs the Flower engine too, as in timings.json
-    engine_name = "local" if engine == "local" else "flower"
+def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None = None,
+         engine: Engine | None = None) -> Plan:
+    """Every check of ``run`` (the configuration, the run folder, the dataset, what the engine can
+    run), before anything is written; see ``run`` for the arguments."""
+    engine = engine or LocalEngine()
+    engine_name = engine.name
+    if resume and not engine.resumable:
+        raise ValueError(f"--resume {out_dir}: a run on the {engine.name} engine cannot be resumed (its clients' "
+                         "state lived in the nodes of that run); start it again with another --out")
     out = check_out(out_dir, resume=resume)
+    stored_rounds = None
     if resume:
         cfg_path = out / "config.json"
         if not cfg_path.is_file():
@@ -599,7 +536,7 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
             raise ConfigError(f"--resume {out}: {cfg_path} cannot be used ({exc}); the run cannot be resumed: "
                               "start it again with another --out") from None
         stored_rounds = cfg.rounds
-        # config.json, rewritten below when --rounds grows, keeps the engine the run was started on
+        # config.json, rewritten when --rounds grows, keeps the engine the run was started on
         engine_name = recorded_engine or engine_name
         apply_resume_changes(cfg, changes or {}, out)
         if _finished(out, cfg):
@@ -610,23 +547,23 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
         if (out / "config.json").is_file():
             raise ValueError(f"{out} already holds a run; resume it with --resume {out} or choose "
                              "another --out")
-    from .personal import is_personal_run, run_personal  # (personal.py imports this module)
-
-    if engine != "local":
-        from .flower.server_app import check_supported
-
-        check_supported(cfg)  # personalised runs, FedMP: refused by name
-    if tuned(cfg) and (engine != "local" or is_personal_run(cfg)):
+    engine.check(cfg)  # e.g. the Flower engine refuses personalised runs and FedMP by name
+    personal = is_personal_run(cfg)
+    if tuned(cfg) and (not engine.tunes or personal):
         raise ConfigError("config: tuning (--tune, --tune-lr, --tune-epochs) runs on the local engine and on "
                           "global-model methods, which have validation rows; " + (
-                              "drop --engine flower to tune, then run the chosen values there with --lr/--epochs"
-                              if engine != "local" else "the personalised path (local, fedrep, flic, toy:NAME) has "
-                              "none: drop the tuning flags"))
-    if is_personal_run(cfg) and cfg.centralised:
+                              f"drop --engine {engine.name} to tune, then run the chosen values there with "
+                              "--lr/--epochs" if not engine.tunes else "the personalised path (local, fedrep, "
+                              "flic, toy:NAME) has none: drop the tuning flags"))
+    if personal and cfg.centralised:
         raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
                           "personalised runs (local, fedrep, flic, toy:NAME datasets) have no such row")
-    if is_personal_run(cfg):  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)
-        return run_personal(cfg, out, resume=resume, progress=progress)
+    seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    write_config = not resume or cfg.rounds != stored_rounds
+    if personal:  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)
+        # config.json is written again on resume (it may have raised rounds)
+        return Plan(cfg, out, resume, engine_name, True, seeds, {s: personal_dataset(cfg, s) for s in seeds}, {},
+                    None, True)
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
     check_model_memory(cfg, ds.dim, ds.n_classes)  # before the model is built (below) or anything written
     present = torch.unique(ds.y_train)
@@ -642,44 +579,80 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
                          "in the embedding space (fedsim embed --text-model clip), or model='prompt'")
     if cfg.model == "prompt":
         cfg.model_params = check_prompt_dataset(ds, cfg.model_params)  # tower clip: the dataset's open_clip model
-    seeds = [cfg.seed + i for i in range(cfg.seeds)]
     partitions = {s: make_partition(cfg, ds, s) for s in seeds}
     with torch.random.fork_rng(devices=[]):  # model parameters it cannot build fail before anything is written
         build_model(cfg.model, ds.dim, ds.n_classes, class_names=ds.class_names, **cfg.model_params)
-    dataset_sum = _checkpoint.dataset_checksum(ds)
-    created = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
-    out.mkdir(parents=True, exist_ok=True)
-    if resume:
-        for p in remove_stale_tmp(out):
-            print(f"fedsim: removed {p}, left by an interrupted write", file=sys.stderr)
-    if not resume or cfg.rounds != stored_rounds:
-        write_config_json(cfg, out, engine_name)
-    try:
-        results = {"config": results_config(cfg), "dataset": ds.summary(), "methods": {}}
-        timings = {}
-        done = {}
-        if engine != "local":  # the same run_method per (method, seed), its clients on Flower SuperNodes
-            from .flower.server_app import ROUND_TIMEOUT, serve
+    return Plan(cfg, out, resume, engine_name, write_config, seeds, {None: ds}, partitions,
+                _checkpoint.dataset_checksum(ds), False)
 
-            done = serve(engine, cfg, seeds, ds, partitions, out, progress=progress, dataset_sum=dataset_sum,
-                         round_timeout=round_timeout or ROUND_TIMEOUT)
+
+def execute(p: Plan, *, engine: Engine | None = None, progress: bool = True) -> dict:
+    """Run a ``plan``: every method for every seed, then results.json/.csv, timings.json and plots.
+    A fresh run that fails before its first checkpoint removes what it wrote."""
+    engine = engine or LocalEngine(progress=progress)
+    cfg, out = p.cfg, p.out
+    created = [q for q in (out, *out.parents) if not q.exists()]  # deepest first
+    out.mkdir(parents=True, exist_ok=True)
+    if p.resume:
+        for q in remove_stale_tmp(out):
+            print(f"fedsim: removed {q}, left by an interrupted write", file=sys.stderr)
+    if p.write_config:
+        write_config_json(cfg, out, p.engine_name)
+    try:
+        if p.personal:
+            first = p.data[p.seeds[0]]
+            results = {"config": results_config(cfg), "dataset": first.summary(), "personalised": True, "methods": {}}
+            summary_data, parts = first, first.parts
+        else:
+            ds = p.data[None]
+            engine.open(cfg, ds)
+            results = {"config": results_config(cfg), "dataset": ds.summary(), "methods": {}}
+            summary_data, parts = ds, p.partitions[p.seeds[0]]
+        timings = {}
         for spec in cfg.methods + ([MethodSpec(CENTRALISED)] if cfg.centralised else []):
             entry = {"algorithm": spec.algorithm, "augmenter": spec.augmenter}
             pooled = spec.name == CENTRALISED
             if tuned(cfg):
-                entry["tuning"], per_seed, tim = tune_method(cfg, spec, seeds, ds, partitions, out, pooled=pooled,
-                                                             progress=progress, dataset_sum=dataset_sum)
+                entry["tuning"], per_seed, tim = tune_method(cfg, spec, p.seeds, ds, p.partitions, out, pooled=pooled,
+                                                             progress=progress, dataset_sum=p.dataset_sum)
             else:
                 per_seed, tim = {}, {}
-                for s in seeds:
-                    per_seed[str(s)], tim[str(s)] = done.get((spec.name, s)) or run_method(
-                        cfg, spec, s, ds, partitions[s], out / "runs" / f"{slug(spec.name)}-seed{s}",
-                        progress=progress, dataset_sum=dataset_sum, pooled=pooled)
+                for s in p.seeds:
+                    run_dir = out / "runs" / f"{slug(spec.name)}-seed{s}"
+                    if p.personal:
+                        per_seed[str(s)], tim[str(s)] = run_personal_method(cfg, spec, s, p.data[s], run_dir,
+                                                                            progress=progress)
+                    else:
+                        # the centralised row's one client holds every client's rows: it runs here
+                        per_seed[str(s)], tim[str(s)] = run_method(
+                            cfg, spec, s, ds, p.partitions[s], run_dir, progress=progress, dataset_sum=p.dataset_sum,
+                            pooled=pooled, engine=LocalEngine(progress=progress) if pooled else engine)
             results["methods"][spec.name] = {**entry, "seeds": per_seed, "summary": report.summarise(per_seed)}
             timings[spec.name] = tim
-        report.write_outputs(results, timings, ds, partitions[seeds[0]], out)
+        report.write_outputs(results, timings, summary_data, parts, out)
     except Exception:
-        if not resume:
+        if not p.resume:
             _checkpoint.discard_unstarted(out, created)
         raise
     return results
+
+
+def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
+        changes: dict | None = None, engine: Engine | None = None) -> dict:
+    """Run every method for every seed; write results.json/.csv, timings.json and plots.
+
+    Every value is checked before anything is written (``plan``), and a fresh run that fails
+    before its first checkpoint removes what it wrote, so the same ``out_dir`` can be used again.
+    ``resume`` continues the run in ``out_dir`` from its config.json (``cfg`` is not used) and its
+    verified checkpoints; ``changes`` (RunConfig field -> value, the CLI's flags given with
+    --resume) may raise ``rounds`` (a finished run then continues) and repeat the run's values,
+    anything else is refused by name. ``engine``: how the clients are reached (engine.Engine;
+    default engine.LocalEngine, every client in this process; fedsim.flower's FlowerEngine runs
+    them on Flower SuperNodes, and ``fedsim.flower.server_app.run_simulation`` runs a whole run in
+    Flower's Simulation Engine); the same results either way."""
+    if engine is not None and not isinstance(engine, Engine):
+        raise TypeError(f"engine must be an engine.Engine (LocalEngine, fedsim.flower's FlowerEngine), got "
+                        f"{engine!r}; for Flower's Simulation Engine use fedsim.flower.server_app.run_simulation "
+                        "(fedsim run --engine flower)")
+    return execute(plan(cfg, out_dir, resume=resume, changes=changes, engine=engine), engine=engine,
+                   progress=progress)

@@ -11,6 +11,7 @@ import torch
 from conftest import interrupted_after, save_blobs
 
 import geomkern as gk
+from fedsim import client as client_module  # local_train: what client.client_round calls
 from fedsim import runner
 from fedsim.augmenters import ClientData, FedMCAugmenter
 from fedsim.runner import MethodSpec, RunConfig
@@ -206,20 +207,22 @@ def test_algorithm1_in_the_loop_calibrated_only_exact_resume_composed_privacy(tm
     run interrupted after round 2 and resumed writes the same results.json; results.json reports
     each client's releases (the epsilon they compose to: test_algorithm1_privacy_composes)."""
     seen = []
-    real = runner.local_train
+    real = client_module.local_train
 
     def spy(algo, ctx, **kw):
         seen.append((ctx.round, ctx.cid, ctx.x.clone(), ctx.n_real))
         return real(algo, ctx, **kw)
 
-    monkeypatch.setattr(runner, "local_train", spy)
+    monkeypatch.setattr(client_module, "local_train", spy)
     full = runner.run(_cfg(blobs), tmp_path / "full", progress=False)
-    monkeypatch.setattr(runner, "local_train", real)
+    monkeypatch.setattr(client_module, "local_train", real)
     ds = runner.load_dataset(str(blobs))
     parts = runner.partition("dirichlet", labels=ds.y_train, domains=None, n_clients=4, beta=0.5, seed=0, min_size=5)
+    # each client's training rows: its part less its validation rows (runner.client_data)
+    clients, _ = runner.client_data(_cfg(blobs).validate(), ds, parts, 0)
     assert {r for r, *_ in seen} == {0, 1, 2}
     for r, cid, x, n_real in seen:
-        own = ds.x_train[parts[cid]].to(x.dtype)
+        own = clients[cid].x.to(x.dtype)
         assert x.shape[0] == n_real == own.shape[0]  # one sample per real row, nothing added
         if r == 0:
             assert torch.equal(x, own)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from conftest import save_blobs  # noqa: E402
 from fedsim.flower._reaper import alive, descendants  # noqa: E402
+from fedsim.flower.server_app import FlowerEngine  # noqa: E402
 from fedsim.runner import MethodSpec, RunConfig, run  # noqa: E402
 from geomkern import fedmc, ggeur  # noqa: E402
 from geomkern.exchange import read_bytes  # noqa: E402
@@ -112,7 +114,7 @@ def test_flower_apps_give_the_local_engines_results(blobs, tmp_path):
     engine's client_round with randomness from (seed, round, client); the server sorts updates by cid."""
     local = run(_cfg(blobs, PARITY), tmp_path / "local", progress=False)
     grid = InProcessGrid(4)
-    flower = run(_cfg(blobs, PARITY), tmp_path / "flower", progress=False, engine=grid)
+    flower = run(_cfg(blobs, PARITY), tmp_path / "flower", progress=False, engine=FlowerEngine(grid))
     assert _seed_metrics(flower) == _seed_metrics(local)
     for name in ("results.json", "results.csv", "timings.json", "accuracy.png"):
         assert (tmp_path / "flower" / name).is_file()
@@ -150,13 +152,13 @@ def test_malformed_geometry_is_rejected_with_its_reason(blobs, tmp_path, caplog,
 
     def tamper(cid, kind, rep):
         if cid == 1 and kind == "query.upload":
-            rec = rep.content.config_records["upload"]
+            rec = rep.content.config_records["payload"]
             rec["stats"] = _forge(rec["stats"], **fault)
         return rep
 
     with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
         res = run(_cfg(blobs, [MethodSpec("FedAvg+GGEUR", augmenter="ggeur")]), tmp_path / "run", progress=False,
-                  engine=InProcessGrid(4, tamper))
+                  engine=FlowerEngine(InProcessGrid(4, tamper)))
     msgs = [r.getMessage() for r in caplog.records if "rejected client 1" in r.getMessage()]
     assert msgs and reason in msgs[0], caplog.text
     acc = res["methods"]["FedAvg+GGEUR"]["seeds"]["0"]["accuracy"]
@@ -169,7 +171,7 @@ def test_a_client_that_never_answers_is_left_out_and_the_round_completes(blobs, 
 
     cfg = _cfg(blobs, [MethodSpec("FedAvg")], client_fraction=1.0)
     with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
-        res = run(cfg, tmp_path / "run", progress=False, engine=InProcessGrid(4, tamper), round_timeout=5)
+        res = run(cfg, tmp_path / "run", progress=False, engine=FlowerEngine(InProcessGrid(4, tamper), round_timeout=5))
     assert "client(s) [2]" in caplog.text
     assert len(res["methods"]["FedAvg"]["seeds"]["0"]["accuracy"]) == 2
 
@@ -190,24 +192,27 @@ def test_a_failing_client_is_an_error_reply_and_left_out(blobs, tmp_path, caplog
 
     grid.app = app
     with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
-        run(_cfg(blobs, [MethodSpec("FedAvg")], client_fraction=1.0), tmp_path / "run", progress=False, engine=grid)
+        run(_cfg(blobs, [MethodSpec("FedAvg")], client_fraction=1.0), tmp_path / "run", progress=False,
+            engine=FlowerEngine(grid))
     assert "client 0 failed in train" in caplog.text and "out of memory" in caplog.text
 
 
 def test_every_client_failing_stops_the_run_with_a_message(blobs, tmp_path):
     grid = InProcessGrid(4, lambda cid, kind, rep: None if kind == "train" else rep)
     with pytest.raises(RuntimeError, match="none of the 3 selected clients returned a usable update"):
-        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "run", progress=False, engine=grid, round_timeout=1)
+        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "run", progress=False,
+            engine=FlowerEngine(grid, round_timeout=1))
 
 
 def test_refused_configurations_are_named(blobs, tmp_path):
-    with pytest.raises(ValueError, match="--engine 'bogus' is not known"):
+    with pytest.raises(TypeError, match="engine must be an engine.Engine"):
         run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "b", progress=False, engine="bogus")
     with pytest.raises(ValueError, match="cannot be resumed"):
-        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "c", resume=True, engine="flower")
+        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "c", resume=True, engine=FlowerEngine(None))
     with pytest.raises(ValueError, match="algorithm 'flic'"):
         run(_cfg(blobs, [MethodSpec("FLIC", algorithm="flic")]), tmp_path / "d", progress=False,
-            engine=InProcessGrid(4))
+            engine=FlowerEngine(InProcessGrid(4)))
+    assert not any((tmp_path / d).exists() for d in "bcd")
 
 
 def test_a_supernode_of_another_federation_size_is_refused(blobs, tmp_path):
@@ -215,7 +220,7 @@ def test_a_supernode_of_another_federation_size_is_refused(blobs, tmp_path):
     for ctx in grid.contexts.values():
         ctx.node_config["num-partitions"] = 5
     with pytest.raises(RuntimeError, match="num-partitions=5, but the run has n_clients=4"):
-        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "run", progress=False, engine=grid)
+        run(_cfg(blobs, [MethodSpec("FedAvg")]), tmp_path / "run", progress=False, engine=FlowerEngine(grid))
 
 
 def test_exchanged_containers_round_trip_through_bytes():
@@ -349,3 +354,29 @@ def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
             if alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
         log.close()
+
+
+def _run_example(augmenter: dict) -> str:
+    """examples/flower_exchange/app.py in Flower's Simulation Engine (2 rounds, 4 clients)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "EXAMPLE_AUGMENTER": json.dumps(augmenter), "PYTHONPATH": str(root)}
+    p = subprocess.run([sys.executable, str(root / "examples" / "flower_exchange" / "app.py")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("augmenter", [
+    {"name": "ggeur", "target_per_class": 60},
+    pytest.param({"name": "fedmc", "protocol": "fixed", "target_per_class": 60, "n_prototypes": 8, "n_base": 16},
+                 marks=pytest.mark.slow)])
+def test_the_example_adds_an_augmenter_to_flowers_own_fedavg(augmenter):
+    """A Flower app of one's own (Flower's FedAvg strategy, its own model and data) adds GGEUR or
+    FedMC through the exchange hooks alone, without fedsim's runner: the geometry went up and down,
+    every client trained on 80 added rows (2 held classes filled to 60 from about 20 rows each:
+    the augmenter's samples, not its own), and both rounds ran."""
+    out = _run_example(augmenter)
+    up, down = (int(v) for v in re.search(r"exchange: (\d+) bytes up, (\d+) bytes down", out).groups())
+    assert up > 0 and down > 0, out[-2000:]
+    assert re.search(r"'augmented': '8\.0000e\+01'\}, 2: \{'augmented': '8\.0000e\+01'", out), out[-2000:]
+    assert re.search(r"final accuracy 0\.\d+", out)

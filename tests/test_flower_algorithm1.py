@@ -14,6 +14,7 @@ pytest.importorskip("flwr")
 from conftest import save_blobs  # noqa: E402
 from test_flower import InProcessGrid, _cfg, _seed_metrics  # noqa: E402
 
+from fedsim.flower.server_app import FlowerEngine  # noqa: E402
 from fedsim.runner import MethodSpec, run  # noqa: E402
 
 @pytest.fixture
@@ -56,25 +57,29 @@ def test_algorithm1_on_flower_gives_the_local_engines_results(blobs, tmp_path, b
         return real(messages, timeout=timeout)
 
     grid.send_and_receive = spy
-    flower = run(_cfg(blobs, methods, rounds=3), tmp_path / "flower", progress=False, engine=grid)
+    flower = run(_cfg(blobs, methods, rounds=3), tmp_path / "flower", progress=False, engine=FlowerEngine(grid))
     a, b = _seed_metrics(local), _seed_metrics(flower)
     assert b == a
     m = b["FedAvg+FedMC (algorithm1)"]
     assert len(m["accuracy"]) == 3
     if budget is not None:
         assert all(e <= budget for e in m["privacy"]["epsilon_spent"])
-    # the exchange went through messages: one query.lgd per selected client and round, and the
-    # dictionary down with the train messages of rounds 2 and 3 only
-    lgd = [c for t, c in sent if t == "query.lgd"]
+    # the exchange went through messages: one "lgd" upload per selected client and round, and the
+    # dictionary down (its "lgd" download) in rounds 2 and 3 only
+    def step(c):
+        return c.config_records["exchange"]["step"] if "exchange" in c.config_records else None
+
+    lgd = [c for t, c in sent if t == "query.upload" and step(c) == "lgd"]
     assert len(lgd) == 3 * 3
-    with_dict = [c.config_records["job"]["round"] for t, c in sent if t == "train" and "dictionary" in c.config_records]
+    with_dict = [c.config_records["job"]["round"] for t, c in sent
+                 if t == "query.download" and step(c) == "lgd" and "dictionary" in c.config_records["payload"]]
     assert sorted(set(with_dict)) == [1, 2] and len(with_dict) == 2 * 3
 
 
 def test_a_malformed_round_lgd_is_rejected_and_the_run_goes_on(blobs, tmp_path, caplog):
     def tamper(cid, kind, rep):
-        if cid == 1 and kind == "query.lgd":
-            rec = rep.content.config_records["upload"]
+        if cid == 1 and kind == "query.upload" and "payload" in rep.content.config_records:
+            rec = rep.content.config_records["payload"]
             if "lgd" in rec:
                 rec["lgd"] = _forge_lgd_nan(rec["lgd"])
         return rep
@@ -82,8 +87,8 @@ def test_a_malformed_round_lgd_is_rejected_and_the_run_goes_on(blobs, tmp_path, 
     methods = [MethodSpec("a1", augmenter="fedmc", augmenter_params=A1)]
     with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
         res = run(_cfg(blobs, methods, rounds=3, client_fraction=1.0), tmp_path / "run", progress=False,
-                  engine=InProcessGrid(4, tamper))
-    msgs = [r.getMessage() for r in caplog.records if "rejected client 1's FedMC LGD of round" in r.getMessage()]
+                  engine=FlowerEngine(InProcessGrid(4, tamper)))
+    msgs = [r.getMessage() for r in caplog.records if "rejected client 1's lgd upload of round" in r.getMessage()]
     assert len(msgs) == 3 and "NaN" in msgs[0], caplog.text
     m = res["methods"]["a1"]["seeds"]["0"]
     assert len(m["accuracy"]) == 3 and all(0.0 <= x <= 1.0 for x in m["accuracy"])

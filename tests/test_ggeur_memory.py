@@ -112,14 +112,15 @@ def test_flower_exchange_in_batches_and_kept_geometry_give_the_local_results(tmp
     from conftest import save_blobs
     from test_flower import InProcessGrid, _cfg, _seed_metrics
 
-    from fedsim.flower import server_app
+    from fedsim.flower import exchange
+    from fedsim.flower.server_app import FlowerEngine
     from fedsim.runner import MethodSpec, run
 
     blobs = save_blobs(tmp_path / "blobs.npz", classes=6, dim=8, noise=0.6, n_train=150, n_test=60, seed=1)
     methods = [MethodSpec("FedAvg+GGEUR", augmenter="ggeur")]
     cfg = dict(n_clients=5, beta=0.1, min_size=3, client_fraction=0.6, rounds=1)
     local = run(_cfg(blobs, methods, **cfg), tmp_path / "local", progress=False)
-    monkeypatch.setattr(server_app, "EXCHANGE_BATCH", 2)
+    monkeypatch.setattr(exchange, "EXCHANGE_BATCH", 2)
     sent = []
     grid = InProcessGrid(5)
     send = grid.send_and_receive
@@ -128,35 +129,37 @@ def test_flower_exchange_in_batches_and_kept_geometry_give_the_local_results(tmp
         return send(msgs, **kw)
 
     grid.send_and_receive = counted
-    flower = run(_cfg(blobs, methods, **cfg), tmp_path / "flower", progress=False, engine=grid)
+    flower = run(_cfg(blobs, methods, **cfg), tmp_path / "flower", progress=False, engine=FlowerEngine(grid))
     assert _seed_metrics(flower) == _seed_metrics(local)
     assert [n for kind, n in sent if kind == "query.upload"] == [2, 2, 1]
-    assert [n for kind, n in sent if kind == "query.geometry"] == [2, 2, 1]
+    assert [n for kind, n in sent if kind == "query.download"] == [2, 2, 1]
     for ctx in grid.contexts.values():  # what a node keeps: the eigenvectors of the classes it samples
-        kept = ctx.state.array_records["0.0.ggeur"].to_torch_state_dict()
+        kept = ctx.state.array_records["0.0.aug.arrays"].to_torch_state_dict()
         assert kept["eigenvectors"].shape[0] == kept["classes"].numel() < 6
-        assert "0.0.geometry" not in ctx.state.config_records
+        assert "0.0.aug" not in ctx.state.config_records or not ctx.state.config_records["0.0.aug"]
 
 
-def test_a_flower_client_keeps_the_eigenvectors_it_samples_and_draws_the_same():
-    """client_app._kept_geometry / _geometry_from: the classes of the client's rows and of its
-    prototypes (multi-domain step), nothing else; the same draws as with the whole geometry."""
-    pytest.importorskip("flwr")
+def test_a_client_keeps_the_eigenvectors_it_samples_and_draws_the_same():
+    """GGEURAugmenter.client_state / load_client_state (what a Flower client keeps between
+    messages): the classes of the client's rows and of its prototypes (multi-domain step), nothing
+    else; the same draws as with the whole geometry."""
     from fedsim.augmenters import ClientData, build_augmenter
-    from fedsim.flower.client_app import _geometry_from, _kept_geometry
 
     stats = _stats(K=4, C=6, D=12)  # class 5: held by nobody
     geometry = ggeur.aggregate(stats)
     g = torch.Generator().manual_seed(2)
     data = ClientData(torch.randn(7, 12, generator=g), torch.tensor([0, 0, 2, 2, 2, 0, 0]))
     for others in (None, (torch.randn(2, 12, generator=g), torch.tensor([1, 4]))):
+        down = {"geometry": geometry, **({} if others is None else {"prototypes": others[0], "labels": others[1]})}
         full = build_augmenter("ggeur", prototypes=others is not None)
-        full.receive(1, geometry, others, seed=0)
-        kept = _kept_geometry(full, 1, data).to_torch_state_dict()
+        full.bind(n_classes=6, seed=0)
+        full.download("statistics", 1, down, round=None)
+        kept = full.client_state(1, data)
         want = [0, 2] if others is None else [0, 1, 2, 4]
         assert kept["classes"].tolist() == want and kept["eigenvectors"].shape == (len(want), 12, 12)
         again = build_augmenter("ggeur", prototypes=others is not None)
-        again.receive(1, _geometry_from(_kept_geometry(full, 1, data)), others, seed=0)
+        again.bind(n_classes=6, seed=0)
+        again.load_client_state(1, kept)
         for a, b in zip(full.augment(1, data, generator=torch.Generator().manual_seed(5)),
                         again.augment(1, data, generator=torch.Generator().manual_seed(5))):
             assert torch.equal(a, b) and a.numel()

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import interrupted_after, save_blobs
 
+from fedsim import client as client_module  # local_train: what client.client_round calls
 from fedsim import runner
 from fedsim.cli import main
 from fedsim.data import Dataset, load_dataset, save_dataset
@@ -72,14 +73,14 @@ def test_the_test_rows_play_no_part_in_the_choice(tmp_path, blobs):
 def test_local_epochs_are_tuned_with_the_learning_rate_and_a_diverging_point_is_skipped(tmp_path, blobs, monkeypatch):
     from fedsim.client import DivergedError
 
-    real = runner.local_train
+    real = client_module.local_train
 
     def diverging(algo, ctx, **kw):  # lr 1e30 diverges (whether the head's loss overflows depends on the data)
         if ctx.lr == 1e30:
             raise DivergedError("the training loss became nan at local step 1")
         return real(algo, ctx, **kw)
 
-    monkeypatch.setattr(runner, "local_train", diverging)
+    monkeypatch.setattr(client_module, "local_train", diverging)
     one = dict(seeds=1, methods=[MethodSpec("FedAvg")])
     res = runner.run(_cfg(blobs, tune_lr=[0.05, 1e30], tune_epochs=[2, 1], **one), tmp_path / "o", progress=False)
     t = res["methods"]["FedAvg"]["tuning"]
@@ -128,5 +129,9 @@ def test_bad_tuning_flags_are_refused_by_name(tmp_path, blobs, capsys, extra, wo
 
 
 def test_tuning_is_refused_on_the_flower_engine(tmp_path, blobs):
+    pytest.importorskip("flwr")
+    from fedsim.flower.server_app import FlowerEngine
+
     with pytest.raises(ValueError, match="drop --engine flower"):
-        runner.run(_cfg(blobs), tmp_path / "o", progress=False, engine="flower")
+        runner.run(_cfg(blobs), tmp_path / "o", progress=False, engine=FlowerEngine(None))
+    assert not (tmp_path / "o").exists()

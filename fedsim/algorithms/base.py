@@ -15,7 +15,7 @@ from torch import nn
 
 from geomkern.exchange import nbytes
 
-from .._params import merge_params
+from .._specs import merge_params
 
 Params = dict[str, torch.Tensor]
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .dataset import ClientSplit, PersonalDataset
+from .spec import parse, split
 
 DEFAULTS = {"n_classes": 5, "latent_dim": 8, "separation": 1.0, "n_train": 40, "n_test": 200,
             "dim_range": (10, 40), "noise": 1.0, "classes_per_client": None}
@@ -125,8 +126,6 @@ OPTIONS = {
 def load_toy(name: str, *, n_clients: int, seed: int) -> PersonalDataset:
     """``"toy:NAME"`` or ``"toy:NAME?key=value&..."`` (keys: ``OPTIONS``; ``dims=LO-HI`` is
     ``dim_range``) -> the generated dataset for ``seed``."""
-    from .spec import parse, split
-
     base, given = split(name)
     kind = base.split(":", 1)[1]
     if kind not in TOYS:

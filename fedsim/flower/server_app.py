@@ -1,22 +1,26 @@
-"""fedsim's Flower ServerApp: the local engine's round loop (``runner.run_method``) with its clients
-on Flower SuperNodes.
+"""fedsim's Flower ServerApp: the local engine's round loop with its clients on Flower SuperNodes.
 
-``runner.run_method`` is the one round loop of both engines: client sampling from (seed, round),
-aggregation through the algorithm's server hook, evaluation, checkpoints and metrics. With
-``engine=FlowerEngine(grid, ...)`` its two client-side steps go through Flower messages instead of
-function calls: the augmenter's exchange (``FlowerEngine.setup``) and the selected clients' local
-rounds (``FlowerEngine.train``), answered by ``client_app.app``. Server state (SCAFFOLD's c, FedDyn's
-h, FedOpt's moments, FedProto's prototypes) stays in the server's algorithm object, i.e. in this
-ServerApp; what a client reads of it (``Algorithm.download_state``) goes down with the weights.
+``runner.run`` is the one run of both engines (loop.run_rounds: client sampling from (seed,
+round), aggregation through the algorithm's server hook, evaluation, checkpoints and metrics).
+Handed ``FlowerEngine(grid)`` (an engine.Engine), its client-side steps go through Flower messages
+instead of function calls: the augmenter's exchange (``FlowerEngine.exchange``, i.e.
+exchange.serve_exchange: for each of the augmenter's steps, ``query.upload`` to the clients taking
+part, the augmenter's ``accept`` and ``aggregate`` here, ``query.download`` with what goes back) and the selected clients' local
+rounds (``FlowerEngine.train``), answered by ``client_app.app``. Nothing here knows an augmenter
+by name: the exchange is the augmenter's hooks (fedsim/augmenters.py). Server state (SCAFFOLD's c,
+FedDyn's h, FedOpt's moments, FedProto's prototypes) stays in the server's algorithm object, i.e.
+in this ServerApp; what a client reads of it (``Algorithm.download_state``) goes down with the
+weights.
 
 Failures are Flower's: a client that does not answer within ``round_timeout`` seconds, answers
 with an error, or uploads something that fails its checks is left out of that step with a logged
 reason (a round needs at least one client); a client whose training diverges stops the run with
 the local engine's message.
 
-Entry points: ``serve`` (the run's methods x seeds on a Grid; ``runner.run(engine=...)`` calls it),
-``simulate`` (the same in Flower's Simulation Engine, Ray backend: ``fedsim run --engine flower``)
-and ``app`` (the ServerApp of a real deployment; fedsim/flower/deploy.py starts one).
+Entry points: ``FlowerEngine`` (a Grid's clients as an engine; ``runner.run(cfg, out,
+engine=FlowerEngine(grid))`` inside a ServerApp), ``run_simulation`` (a whole run in Flower's
+Simulation Engine, Ray backend: ``fedsim run --engine flower``) and ``app`` (the ServerApp of a
+real deployment; fedsim/flower/deploy.py starts one).
 """
 from __future__ import annotations
 
@@ -25,33 +29,25 @@ import os
 import time
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from geomkern import fedmc, ggeur
-
 from .. import runner
+from ..algorithms import ALGORITHMS
 from ..algorithms.base import ClientUpdate
-from ..augmenters import _DP_ITERS
 from ..client import DivergedError
+from ..engine import Engine
 from . import _reaper, codec
+from .client_app import app as client_app
+from .exchange import serve_exchange
 
 log = logging.getLogger("fedsim.flower")
-EXCHANGING = ("none", "oversample", "ggeur", "fedmc")  # the augmenters whose exchange is written here
 ROUND_TIMEOUT = 600.0  # seconds a step waits for its replies
-# clients per batch of GGEUR's query.upload / query.geometry messages: the server holds one batch's
-# replies (C x D x D covariances each) at a time, and keeps only their held classes (HeldStatistics)
-EXCHANGE_BATCH = 32
 
 
 def check_supported(cfg) -> None:
     """The configurations the Flower engine runs (everything else is refused by name)."""
     for m in cfg.methods:
-        if m.augmenter not in EXCHANGING:
-            raise ValueError(f"--engine flower: methods[{m.name}] uses augmenter {m.augmenter!r}, whose exchange "
-                             f"has no Flower messages; it runs {list(EXCHANGING)}")
-        from ..algorithms import ALGORITHMS
-
         algo = ALGORITHMS[m.algorithm.lower()]
         if getattr(algo, "personal", False) or getattr(algo, "needs_trunk", False):
             raise ValueError(f"--engine flower: methods[{m.name}] uses algorithm {m.algorithm!r}; the Flower engine "
@@ -59,16 +55,24 @@ def check_supported(cfg) -> None:
                              "fedadam/fedyogi/fedavgm, fedntd, fedproto)")
 
 
-class FlowerEngine:
-    """The client side of ``runner.run_method`` over a Flower Grid (one SuperNode per client)."""
+class FlowerEngine(Engine):
+    """The clients of ``runner.run`` on a Flower Grid (one SuperNode per client)."""
 
-    def __init__(self, grid: Grid, cfg, ds, *, round_timeout: float = ROUND_TIMEOUT, connect_timeout: float = 120.0):
-        self.grid, self.cfg, self.ds = grid, cfg, ds
-        self.cfg_json = codec.config_json(cfg)
-        self.round_timeout = round_timeout
+    name = "flower"
+    resumable = False  # the clients' state lives in the SuperNodes of one run
+    tunes = False
+
+    def __init__(self, grid: Grid, *, round_timeout: float = ROUND_TIMEOUT, connect_timeout: float = 120.0):
+        self.grid, self.round_timeout, self.connect_timeout = grid, round_timeout, connect_timeout
         self.wire = {"up": 0, "down": 0}  # payload bytes of the messages (codec.payload_bytes)
-        self.round_dictionary = None  # FedMC algorithm1: D_{r-1}, sent down with round r's train messages
-        self.nodes = self._connect(connect_timeout)
+
+    def check(self, cfg) -> None:
+        check_supported(cfg)
+
+    def open(self, cfg, ds) -> None:
+        self.cfg, self.ds = cfg, ds
+        self.cfg_json = codec.config_json(cfg)
+        self.nodes = self._connect(self.connect_timeout)
 
     # ------------------------------------------------------------------ messaging
     def _connect(self, timeout: float) -> dict[int, int]:
@@ -128,161 +132,25 @@ class FlowerEngine:
         log.warning("%s seed %d: rejected client %d's %s: %s", spec.name, seed, cid, what, exc)
 
     # ------------------------------------------------------------------ the augmenter's exchange
-    def setup(self, augmenter, spec, seed: int) -> None:
-        """The augmenter's one-time exchange through messages; on the server it leaves what the
-        local ``setup`` leaves for the round loop (setup_bytes, privacy)."""
-        self.round_dictionary = None
-        if spec.augmenter in ("none", "oversample"):  # nothing is exchanged
-            augmenter.setup([], n_classes=self.ds.n_classes, seed=seed)
-            return
-        if spec.augmenter == "ggeur":
-            self._setup_ggeur(augmenter, spec, seed)
-        else:
-            replies = self._send("query.upload", {c: {} for c in range(self.cfg.n_clients)}, spec, seed, 0)
-            self._setup_fedmc(augmenter, spec, seed, replies)
+    def start(self, cfg, spec, seed, clients, augmenter, model, n_classes):
+        self.spec, self.seed, self.before = spec, seed, dict(self.wire)
+        augmenter.bind(n_classes=n_classes, seed=seed, dim=self.ds.dim, dtype=self.ds.x_train.dtype)
 
-    def _ggeur_upload(self, augmenter, rec: ConfigRecord, cid: int) -> dict:
-        C, D = self.ds.n_classes, self.ds.dim
-        src = f"client {cid}'s GGEUR statistics"
-        stats = ggeur.ClassStatistics.from_bytes(rec["stats"], source=src)
-        if tuple(stats.means.shape) != (C, D) or stats.means.dtype != self.ds.x_train.dtype:
-            raise ValueError(f"{src} are {stats.means.dtype} for C={stats.means.shape[0]} classes in "
-                             f"D={stats.means.shape[1]}; the run has {self.ds.x_train.dtype}, C={C}, D={D}")
-        doms = [int(d) for d in rec["domains"]] if "domains" in rec else None
-        per = [ggeur.ClassStatistics.from_bytes(rec[f"domain{i}"], source=f"{src} of domain {d}")
-               for i, d in enumerate(doms or []) if f"domain{i}" in rec] or None
-        if doms and len(doms) > 1 and augmenter.p["prototypes"] is not False and (per is None or len(per) != len(doms)):
-            raise ValueError(f"{src}: {len(doms)} domains but {0 if per is None else len(per)} per-domain statistics")
-        for s in per or []:
-            if tuple(s.means.shape) != (C, D) or s.means.dtype != stats.means.dtype:
-                raise ValueError(f"{src}: a per-domain entry is {s.means.dtype} {tuple(s.means.shape)}")
-        return {"stats": stats, "domains": doms, "per_domain": per}
-
-    def _setup_ggeur(self, augmenter, spec, seed: int) -> None:
-        K, C, D = self.cfg.n_clients, self.ds.n_classes, self.ds.dim
-        batches = [range(lo, min(lo + EXCHANGE_BATCH, K)) for lo in range(0, K, EXCHANGE_BATCH)]
-        uploads: dict[int, dict] = {}
-        for batch in batches:  # one batch's replies at a time; what stays is their held classes
-            replies = self._send("query.upload", {c: {} for c in batch}, spec, seed, 0)
-            for cid in batch:
-                if cid in replies:
-                    try:
-                        u = self._ggeur_upload(augmenter, replies[cid].config_records["upload"], cid)
-                        uploads[cid] = augmenter.held(u)
-                    except (ValueError, TypeError, KeyError) as exc:
-                        self._reject(spec, seed, cid, "GGEUR statistics", exc)
-            del replies
-        if not uploads:
-            raise RuntimeError(f"{spec.name} seed {seed}: no client's GGEUR statistics were usable")
-        with_domains = any(u["domains"] is not None for u in uploads.values())
-        dtype = next(iter(uploads.values()))["stats"].means.dtype
-        empty = {"stats": ggeur.HeldStatistics(torch.zeros(C, dtype=torch.int64), torch.zeros(C, D, dtype=dtype),
-                                               torch.zeros(0, dtype=torch.int64), torch.zeros(0, D, D, dtype=dtype)),
-                 "domains": [] if with_domains else None, "per_domain": None}
-        # a client left out takes part as a client without rows (count 0 everywhere)
-        augmenter.seed, augmenter.cache = seed, {}
-        augmenter.combine([uploads.get(cid, empty) for cid in range(K)])
-        del uploads
-        down = ConfigRecord({"geometry": augmenter.geometry.to_bytes()})
-        for batch in batches:
-            contents = {}
-            for cid in batch:
-                contents[cid] = {"geometry": down}
-                if augmenter.use_protos:
-                    P, L = augmenter.others[cid]
-                    contents[cid]["others"] = codec.arrays({"prototypes": P, "labels": L})
-            self._send("query.geometry", contents, spec, seed, 0)
-
-    def _lgds(self, spec, seed: int, replies, B, gamma: float, *, what: str = "FedMC local geometry",
-              optional: bool = False) -> dict:
-        """The FedMC LGDs in ``replies`` (cid -> LocalGeometry), each checked against the GAB; a
-        malformed one is logged and left out; ``optional``: a reply without one (an algorithm1
-        client without rows) is skipped."""
-        D = self.ds.dim
-        lgds: dict[int, fedmc.LocalGeometry] = {}
-        for cid in sorted(replies):
-            rec = replies[cid].config_records.get("upload")
-            if optional and rec is not None and "lgd" not in rec:
-                continue
-            try:
-                g = fedmc.LocalGeometry.from_bytes(rec["lgd"], source=f"client {cid}'s FedMC LGD")
-                if g.centers.shape[1] != D or g.betas.shape[2] != B.shape[0] or g.gamma != gamma:
-                    raise ValueError(f"it has D={g.centers.shape[1]}, S={g.betas.shape[2]}, gamma={g.gamma}; the "
-                                     f"server's GAB has D={D}, S={B.shape[0]}, gamma={gamma}")
-                lgds[cid] = g
-            except (ValueError, TypeError, KeyError) as exc:
-                self._reject(spec, seed, cid, what, exc)
-        return lgds
-
-    def _setup_fedmc(self, augmenter, spec, seed: int, replies) -> None:
-        K, D = self.cfg.n_clients, self.ds.dim
-        p = augmenter.p
-        released: dict[int, fedmc.PrototypeRelease] = {}
-        for cid in sorted(replies):
-            rec = replies[cid].config_records["upload"]
-            if "prototypes" not in rec:
-                continue  # a client without rows releases nothing (as in fedmc.setup)
-            try:
-                pr = fedmc.PrototypeRelease.from_bytes(rec["prototypes"], source=f"client {cid}'s FedMC prototypes")
-                if pr.centers.shape[1] != D or pr.centers.dtype != self.ds.x_train.dtype:
-                    raise ValueError(f"prototypes are {pr.centers.dtype} in D={pr.centers.shape[1]}; the run has "
-                                     f"{self.ds.x_train.dtype} in D={D}")
-                released[cid] = pr
-            except (ValueError, TypeError) as exc:
-                self._reject(spec, seed, cid, "FedMC prototypes", exc)
-        if not released:
-            raise RuntimeError(f"{spec.name} seed {seed}: no client's FedMC prototypes were usable")
-        B, gamma = fedmc.setup_server_basis([released[c].prototypes() for c in sorted(released)], n_base=p["n_base"],
-                                            gamma=p["gamma"], seed=seed)
-        gab = fedmc.GAB(B).to_bytes()
-        if p["protocol"] == "algorithm1":  # the GAB down to every client; the LGDs follow round by round
-            augmenter.start_rounds([released.get(c) for c in range(K)], B, gamma, seed=seed)
-            down = ConfigRecord({"gab": gab, "gamma": gamma})
-            self._send("query.geometry", {c: {"geometry": down} for c in range(K)}, spec, seed, 0)
-            return
-        replies = self._send("query.lgd", {c: {"gab": ConfigRecord({"gab": gab, "gamma": gamma})} for c in released},
-                             spec, seed, 0)
-        lgds = self._lgds(spec, seed, replies, B, gamma)
-        if not lgds:
-            raise RuntimeError(f"{spec.name} seed {seed}: no client's FedMC local geometry was usable")
-        dictionary = fedmc.setup_server_fuse([lgds[c] for c in sorted(lgds)], n_entries=p["n_entries"], seed=seed)
-        augmenter.receive(B, gamma, dictionary, n_classes=self.ds.n_classes)
-        # two DP releases per client that released; bytes as the local setup counts them
-        eps = fedmc.spent(augmenter.release_epsilon(), p["delta"], iters=_DP_ITERS, releases=2)
-        augmenter.account(released, lgds, [eps if c in released else 0.0 for c in range(K)], p["delta"])
-        down = ConfigRecord({"gab": gab, "gamma": gamma, "dictionary": dictionary.to_bytes()})
-        self._send("query.geometry", {c: {"geometry": down} for c in range(K)}, spec, seed, 0)
+    def exchange(self, augmenter, round, clients):
+        """The augmenter's steps of ``round`` through messages (exchange.serve_exchange); an upload
+        that fails its checks is logged and left out."""
+        spec, seed, r = self.spec, self.seed, 0 if round is None else round
+        serve_exchange(augmenter, round, clients, lambda kind, contents: self._send(kind, contents, spec, seed, r),
+                       device=torch.device(self.cfg.device),
+                       reject=lambda cid, what, exc: self._reject(spec, seed, cid, what, exc))
 
     # ------------------------------------------------------------------ one round
-    def begin_round(self, augmenter, spec, seed: int, r: int, selected: list[int]) -> None:
-        """The augmenter's per-round exchange through messages (FedMC's algorithm1: S_r's LGDs up
-        in ``query.lgd``, D_{r-1} down with the train messages); the server side is the augmenter's
-        own ``round_exchange``, as in the local engine. Nothing for the other augmenters."""
-        if spec.augmenter != "fedmc" or augmenter.p["protocol"] != "algorithm1":
-            return
-        previous = augmenter.rebuild_from(r)
-        rebuild = None if previous is None else self._round_lgds(augmenter, spec, seed, r - 1, previous)[0]
-        lgds, sent = self._round_lgds(augmenter, spec, seed, r, selected)
-        augmenter.round_exchange(r, selected, lgds, rebuild=rebuild, released=sent)
-        d = augmenter.dictionary
-        self.round_dictionary = None if d is None else ConfigRecord({"dictionary": d.to_bytes()})
-
-    def _round_lgds(self, augmenter, spec, seed: int, r: int, cids: list[int]) -> tuple[dict, list[int]]:
-        """Round r's LGDs of ``cids`` (checked), and the clients that sent one, usable or not: each
-        of them made a DP release, which their privacy report counts."""
-        replies = self._send("query.lgd", {c: {} for c in cids}, spec, seed, r)
-        sent = [c for c in sorted(replies) if "lgd" in replies[c].config_records.get("upload", {})]
-        return self._lgds(spec, seed, replies, augmenter.B, augmenter.gamma, what=f"FedMC LGD of round {r + 1}",
-                          optional=True), sent
-
     def train(self, spec, seed: int, r: int, selected: list[int], global_params: dict, algo) -> list:
         algo.download_bytes(global_params)  # SCAFFOLD makes its c at first use, as begin_client does locally
         state = algo.state_dict()
         down_state = codec.arrays({k: v for k, v in state.items() if k.split("/")[0] in algo.download_state})
         weights = codec.arrays(global_params)
         records = {"global": weights, "algo": down_state}
-        if self.round_dictionary is not None:
-            records["dictionary"] = self.round_dictionary
         replies = self._send("train", {c: records for c in selected}, spec, seed, r)
         dev = torch.device(self.cfg.device)
         done = []
@@ -318,49 +186,31 @@ class FlowerEngine:
         return sum(float(m["accuracy"]) * int(m["n"]) for m in ms) / n if n else None
 
 
-def serve(engine, cfg, seeds, ds, partitions, out, *, progress: bool, dataset_sum: str,
-          round_timeout: float = ROUND_TIMEOUT) -> dict:
-    """Every (method, seed) of the run through ``runner.run_method`` with its clients on Flower.
-    ``engine``: a Flower Grid (inside a ServerApp), or "flower" for the Simulation Engine.
-    Returns {(method name, seed): (metrics, timings)}."""
-    check_supported(cfg)
-    if engine == "flower":
-        return simulate(cfg, seeds, ds, partitions, out, progress=progress, dataset_sum=dataset_sum,
-                        round_timeout=round_timeout)
-    eng = FlowerEngine(engine, cfg, ds, round_timeout=round_timeout)
-    results = {}
-    for spec in cfg.methods:
-        for s in seeds:
-            before = dict(eng.wire)
-            run_dir = out / "runs" / f"{runner.slug(spec.name)}-seed{s}"
-            metrics, tim = runner.run_method(cfg, spec, s, ds, partitions[s], run_dir, progress=progress,
-                                             dataset_sum=dataset_sum, engine=eng)
-            tim["engine"] = "flower"
-            # the final model (the checkpoint run_method wrote last) on every client's own rows
-            final = torch.load(run_dir / "checkpoint.pt", weights_only=True, map_location=cfg.device)["global"]
-            tim["federated_accuracy"] = eng.evaluate(spec, s, final)
-            tim["wire_bytes_up"] = eng.wire["up"] - before["up"]
-            tim["wire_bytes_down"] = eng.wire["down"] - before["down"]
-            results[(spec.name, s)] = (metrics, tim)
-    return results
+    def finish(self, spec, seed, global_params, timings):
+        """The engine's own record: its name, the final model's accuracy on every client's own rows
+        (federated evaluation) and the payload bytes of its messages."""
+        timings["engine"] = "flower"
+        timings["federated_accuracy"] = self.evaluate(spec, seed, global_params)
+        timings["wire_bytes_up"] = self.wire["up"] - self.before["up"]
+        timings["wire_bytes_down"] = self.wire["down"] - self.before["down"]
 
 
-def simulate(cfg, seeds, ds, partitions, out, *, progress: bool, dataset_sum: str,
-             round_timeout: float = ROUND_TIMEOUT, num_cpus: int | None = None) -> dict:
-    """``serve`` in Flower's Simulation Engine (Ray backend): n_clients virtual SuperNodes running
-    ``client_app.app``, this process running the ServerApp."""
-    from flwr.simulation import run_simulation
+def run_simulation(cfg, out, *, resume: bool = False, progress: bool = True, changes: dict | None = None,
+                   round_timeout: float = ROUND_TIMEOUT, num_cpus: int | None = None) -> dict:
+    """``runner.run`` in Flower's Simulation Engine (Ray backend): n_clients virtual SuperNodes
+    running ``client_app.app``, this process running the ServerApp. Every check runs here first
+    (``runner.plan``), before Ray starts and before anything is written."""
+    from flwr.simulation import run_simulation as flwr_run_simulation  # Ray: only for the Simulation Engine
 
-    from .client_app import app as client_app
-
+    plan = runner.plan(cfg, out, resume=resume, changes=changes, engine=FlowerEngine(None))
     held: dict = {}
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            held["results"] = serve(grid, cfg, seeds, ds, partitions, out, progress=progress,
-                                    dataset_sum=dataset_sum, round_timeout=round_timeout)
+            held["results"] = runner.execute(plan, engine=FlowerEngine(grid, round_timeout=round_timeout),
+                                             progress=progress)
         except BaseException as exc:  # re-raised below, in the caller's thread
             held["error"] = exc
 
@@ -369,8 +219,8 @@ def simulate(cfg, seeds, ds, partitions, out, *, progress: bool, dataset_sum: st
                "init_args": {"num_cpus": cpus, "include_dashboard": False}}
     _reaper.start()  # Ray's processes go too if this process is killed outright
     try:
-        run_simulation(server_app=server, client_app=client_app, num_supernodes=cfg.n_clients,
-                       backend_config=backend)
+        flwr_run_simulation(server_app=server, client_app=client_app, num_supernodes=plan.cfg.n_clients,
+                            backend_config=backend)
     except KeyboardInterrupt:  # Ctrl-C: take Ray's processes down before the caller exits
         _shutdown_ray()
         raise
@@ -407,5 +257,5 @@ def deployed(grid: Grid, context: Context) -> None:
         cfg = runner.RunConfig.from_dict(runner.read_config_json(path)[0])  # [1], the engine it records: not needed
     else:
         cfg = runner.load_config(path)
-    runner.run(cfg, Path(str(rc["out"])), progress=False, engine=grid,
-               round_timeout=float(rc.get("round-timeout", ROUND_TIMEOUT)))
+    runner.run(cfg, Path(str(rc["out"])), progress=False,
+               engine=FlowerEngine(grid, round_timeout=float(rc.get("round-timeout", ROUND_TIMEOUT))))
