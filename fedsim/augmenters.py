@@ -57,6 +57,7 @@ class Augmenter:
 
     name = "none"
     defaults: dict = {}
+    step_names: tuple[str, ...] = ()  # every step ``steps`` can name
 
     def __init__(self, **params):
         self.p = merge_params(f"augmenter {self.name!r}", "parameter", self.defaults, params)
@@ -69,6 +70,12 @@ class Augmenter:
         # what accept checks uploads against (bind); None: not checked
         self.dim: int | None = None
         self.dtype: torch.dtype | None = None
+
+    def __getattr__(self, name):  # only for what normal lookup did not find
+        if name in ("n_classes", "seed"):
+            raise AttributeError(f"augmenter {self.name!r} is not bound to a run: call bind(n_classes=..., seed=...) "
+                                 "(or setup) before its exchange hooks and augment")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def controls(cls, p: dict) -> list[dict]:
@@ -191,6 +198,7 @@ class GGEURAugmenter(Augmenter):
     (``prototypes``, ``labels``)."""
 
     name = "ggeur"
+    step_names = ("statistics",)
     defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt",
                 "multi_domain_target": None, "resample": "round"}
 
@@ -225,6 +233,8 @@ class GGEURAugmenter(Augmenter):
         stats, doms, per = payload["stats"], payload.get("domains"), payload.get("per_domain")
         if not isinstance(stats, ggeur.ClassStatistics):
             raise ValueError(f"{src} are a {type(stats).__name__}, not a ClassStatistics")
+        if doms is not None and not (isinstance(doms, list) and all(isinstance(d, int) for d in doms)):
+            raise ValueError(f"{src}: domains must be a list of domain ids, got {doms!r}")
         if stats.means.shape[0] != self.n_classes:
             raise ValueError(f"{src} are for C={stats.means.shape[0]} classes; the run has C={self.n_classes}")
         _check_rows(src, stats.means, self.dim, self.dtype)
@@ -397,6 +407,7 @@ class FedMCAugmenter(Augmenter):
     """
 
     name = "fedmc"
+    step_names = ("prototypes", "lgd", "rebuild")
     defaults = {"n_prototypes": 32, "n_base": 256, "n_clusters": 8, "n_components": 4, "n_entries": 32,
                 "gamma": "median", "epsilon": math.inf, "delta": 1e-5, "clip_norm": None,
                 "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
@@ -404,8 +415,9 @@ class FedMCAugmenter(Augmenter):
                 "protocol": "algorithm1"}
 
     def __new__(cls, **params):
-        if cls is FedMCAugmenter:  # the protocol's class (an unknown protocol is refused by __init__)
-            cls = _FEDMC_CLASSES.get(params.get("protocol", cls.defaults["protocol"]), cls)
+        protocol = params.get("protocol", cls.defaults["protocol"])
+        if cls is FedMCAugmenter and isinstance(protocol, str):  # its class (an unknown one is refused by __init__)
+            cls = _FEDMC_CLASSES.get(protocol, cls)
         return super().__new__(cls)
 
     def __init__(self, **params):

@@ -380,3 +380,68 @@ def test_the_example_adds_an_augmenter_to_flowers_own_fedavg(augmenter):
     assert up > 0 and down > 0, out[-2000:]
     assert re.search(r"'augmented': '8\.0000e\+01'\}, 2: \{'augmented': '8\.0000e\+01'", out), out[-2000:]
     assert re.search(r"final accuracy 0\.\d+", out)
+
+
+def _set(record, **kv):
+    for k, v in kv.items():
+        record[k] = v
+
+
+_GGEUR = MethodSpec("g", augmenter="ggeur")
+_FEDMC = MethodSpec("m", augmenter="fedmc", augmenter_params={"n_prototypes": 8, "n_base": 16, "n_clusters": 3,
+                                                              "n_components": 2, "n_entries": 6})
+
+
+def _other_kind(content):  # a GlobalGeometry where ClassStatistics belong
+    g = torch.Generator().manual_seed(0)
+    geo = ggeur.aggregate([ggeur.local_statistics(torch.randn(30, 8, generator=g), torch.randint(0, 4, (30,), generator=g), 4)])
+    _set(content.config_records["payload"], stats=geo.to_bytes())
+    _set(content.config_records["payload.schema"], stats="container:geomkern.ggeur/global_geometry")
+
+
+def _prototypes_d7(content):
+    rec = content.config_records["payload"]
+    if "prototypes" in rec:
+        pr = fedmc.PrototypeRelease.from_bytes(rec["prototypes"])
+        rec["prototypes"] = fedmc.PrototypeRelease(pr.centers[:, :-1].contiguous(), pr.counts, pr.epsilon,
+                                                   pr.delta).to_bytes()
+
+
+def _lgd_as_prototypes(content):
+    if "lgd" in content.config_records["payload"]:
+        _set(content.config_records["payload.schema"], lgd="container:geomkern.fedmc/prototypes")
+
+
+# forged exchange uploads (what a faulty or hostile client can send through the generic codec): each
+# is rejected with a reason that names it, and the run goes on without that client
+FORGED = {
+    "unknown kind": (_GGEUR, lambda c: _set(c.config_records["payload.schema"], stats="module:os/system"),
+                     "entry 'stats' is of an unknown kind 'module:os/system'"),
+    "another container": (_GGEUR, _other_kind, "are a GlobalGeometry, not a ClassStatistics"),
+    "entry missing": (_GGEUR, lambda c: (c.config_records["payload.schema"].pop("stats"),
+                                         c.config_records["payload"].pop("stats")), "it has no entry 'stats'"),
+    "text for bytes": (_GGEUR, lambda c: _set(c.config_records["payload"], stats="hello"), "(stats) must be bytes"),
+    "listed, not sent": (_GGEUR, lambda c: _set(c.config_records["payload.schema"], extra="tensor"),
+                         "entry 'extra' is listed (tensor) but not sent"),
+    "domains not ids": (_GGEUR, lambda c: (_set(c.config_records["payload"], domains="abc"),
+                                           _set(c.config_records["payload.schema"], domains="value")),
+                        "domains must be a list of domain ids, got 'abc'"),
+    "fedmc D=7": (_FEDMC, _prototypes_d7, "FedMC prototypes are torch.float32 in D=7; the run has torch.float32 in D=8"),
+    "fedmc wrong kind": (_FEDMC, _lgd_as_prototypes, "holds a local_geometry, expected a prototypes"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_a_forged_exchange_upload_is_rejected_by_name(blobs, tmp_path, caplog, case):
+    spec, forge, reason = FORGED[case]
+
+    def tamper(cid, kind, rep):
+        if cid == 1 and kind == "query.upload" and "payload.schema" in rep.content.config_records:
+            forge(rep.content)
+        return rep
+
+    with caplog.at_level(logging.WARNING, logger="fedsim.flower"):
+        res = run(_cfg(blobs, [spec]), tmp_path / "run", progress=False, engine=FlowerEngine(InProcessGrid(4, tamper)))
+    msgs = [r.getMessage() for r in caplog.records if "rejected client 1" in r.getMessage()]
+    assert msgs and reason in msgs[0], caplog.text
+    assert len(res["methods"][spec.name]["seeds"]["0"]["accuracy"]) == 2

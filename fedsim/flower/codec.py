@@ -137,6 +137,8 @@ def take(records: RecordDict, name: str, *, source: str, device="cpu") -> dict |
     out = {}
     for k, tag in schema.items():
         tag = str(tag)
+        if (tag == "tensor" and k not in arrays) or (tag not in ("tensor", "null") and k not in config):
+            raise ValueError(f"{source}: entry {k!r} is listed ({tag}) but not sent")
         if tag == "tensor":
             out[k] = arrays[k]
         elif tag == "null":

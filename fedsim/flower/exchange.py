@@ -45,14 +45,20 @@ def serve_exchange(augmenter, round: int | None, clients: list[int],
         uploads, rejected = {}, []
         for part in _batches(list(cids), size):  # one batch's replies at a time; what stays is what accept keeps
             replies = send(UPLOAD, {c: RecordDict({"exchange": codec.exchange(step, round)}) for c in part})
+            if not isinstance(replies, dict):
+                raise TypeError(f"send(kind, contents) must return the replies' contents by client id (a dict), "
+                                f"got {type(replies).__name__}")
             for cid in part:
                 if cid not in replies:
                     continue
                 try:
-                    payload = codec.take(replies[cid], "payload", source=f"client {cid}'s {step} upload", device=device)
+                    payload = codec.take(replies[cid], "payload", source="the upload", device=device)
                     if payload is not None:
-                        uploads[cid] = augmenter.accept(step, cid, payload, round=round)
-                except (ValueError, TypeError, KeyError) as exc:
+                        try:
+                            uploads[cid] = augmenter.accept(step, cid, payload, round=round)
+                        except KeyError as exc:
+                            raise ValueError(f"it has no entry {exc.args[0]!r} (it sent {sorted(payload)})") from None
+                except (ValueError, TypeError) as exc:
                     if reject is None:
                         raise
                     rejected.append(cid)
@@ -81,6 +87,9 @@ def answer(msg: Message, context: Context, augmenter, cid: int, data, key: str =
     ``query.download`` message: its augmenter's upload, or its download taken and acknowledged;
     what it keeps goes to ``context.state[key...]``."""
     step, round = codec.read_exchange(msg.content)
+    if step not in augmenter.step_names:
+        raise ValueError(f"augmenter {augmenter.name!r} has no exchange step {step!r} (its steps: "
+                         f"{list(augmenter.step_names)}): the server runs another augmenter or version")
     aug = client_augmenter(augmenter, cid, data, context, key)
     reply = RecordDict()
     if msg.metadata.message_type == UPLOAD:

@@ -1,0 +1,69 @@
+"""The augmenters' exchange hooks used directly, as a Flower app of one's own uses them
+(fedsim/flower/exchange.py, examples/flower_exchange): misuse gets an error that names the fix."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from fedsim.augmenters import ClientData, FedMCAlgorithm1, FedMCFixed, build_augmenter
+
+
+def _data(seed=0, n=30):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return ClientData(x / x.norm(dim=1, keepdim=True), torch.randint(0, 3, (n,), generator=g))
+
+
+SMALL = {"n_prototypes": 4, "n_base": 8, "n_clusters": 2, "n_components": 2, "n_entries": 4}
+
+
+def test_fedmc_builds_its_protocols_class_and_refuses_a_bad_protocol_by_name():
+    assert type(build_augmenter("fedmc", **SMALL)) is FedMCAlgorithm1
+    assert type(build_augmenter("fedmc", protocol="fixed", **SMALL)) is FedMCFixed
+    for bad in (3, ["fixed"], "algorithm2"):
+        with pytest.raises(ValueError, match=re.escape(f"protocol={bad!r} is not known; choose one of")):
+            build_augmenter("fedmc", protocol=bad)
+
+
+@pytest.mark.parametrize("name,step", [("ggeur", "statistics"), ("fedmc", "prototypes")])
+def test_a_hook_before_bind_says_to_bind(name, step):
+    aug = build_augmenter(name)
+    with pytest.raises(AttributeError, match=f"augmenter '{name}' is not bound to a run: call bind"):
+        aug.upload(step, 0, _data(), round=None)
+
+
+def test_the_hooks_by_hand_give_what_setup_gives():
+    """upload -> accept -> aggregate -> download by hand, one object per client (as separate
+    processes would hold them), gives every client the geometry the in-process setup gives, and
+    the same draws."""
+    clients = [_data(k) for k in range(3)]
+    ref = build_augmenter("ggeur", target_per_class=20)
+    ref.setup(clients, n_classes=3, seed=4)
+    server = build_augmenter("ggeur", target_per_class=20)
+    server.bind(n_classes=3, seed=4, dim=4, dtype=torch.float32)
+    [(step, cids)] = server.steps(None, [0, 1, 2])
+    client_objs = {}
+    uploads = {}
+    for k in cids:
+        client_objs[k] = build_augmenter("ggeur", target_per_class=20)
+        client_objs[k].bind(n_classes=3, seed=4)
+        uploads[k] = server.accept(step, k, client_objs[k].upload(step, k, clients[k], round=None), round=None)
+    downloads = server.aggregate(step, uploads, round=None, clients=cids, rejected=[])
+    assert server.setup_bytes == ref.setup_bytes and server.setup_bytes[0] > 0
+    for k, payload in downloads.items():
+        client_objs[k].download(step, k, payload, round=None)
+        a = client_objs[k].augment(k, clients[k], generator=torch.Generator().manual_seed(9))
+        b = ref.augment(k, clients[k], generator=torch.Generator().manual_seed(9))
+        assert all(torch.equal(u, v) for u, v in zip(a, b)) and a[0].shape[0] > 0
+
+
+def test_an_upload_of_the_wrong_width_is_refused_by_accept():
+    server = build_augmenter("ggeur")
+    server.bind(n_classes=3, seed=0, dim=5, dtype=torch.float32)
+    client = build_augmenter("ggeur")
+    client.bind(n_classes=3, seed=0)
+    with pytest.raises(ValueError, match="client 2's GGEUR statistics are torch.float32 in D=4; the run has "
+                                         "torch.float32 in D=5"):
+        server.accept("statistics", 2, client.upload("statistics", 2, _data(), round=None), round=None)
