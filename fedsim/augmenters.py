@@ -504,8 +504,16 @@ class FedMCAugmenter(Augmenter):
         """Step 2 on the server: the GAB and gamma from the released prototypes (in cid order)."""
         if not uploads:
             raise RuntimeError("FedMC: no client's prototypes were usable")
-        self.B, self.gamma = fedmc.setup_server_basis([uploads[k]["prototypes"].prototypes() for k in sorted(uploads)],
-                                                      n_base=self.p["n_base"], gamma=self.p["gamma"], seed=self.seed)
+        try:
+            self.B, self.gamma = fedmc.setup_server_basis(
+                [uploads[k]["prototypes"].prototypes() for k in sorted(uploads)], n_base=self.p["n_base"],
+                gamma=self.p["gamma"], seed=self.seed)
+        except ValueError as exc:
+            if self.p["gamma"] not in ("median", "1/D"):
+                raise
+            raise ValueError(f"augmenter 'fedmc': gamma={self.p['gamma']!r} cannot be resolved on this run's GAB "
+                             f"({exc}); set the kernel width yourself: --set fedmc.gamma=VALUE (a number > 0), or "
+                             "gamma = VALUE under [params.fedmc] in a config file") from None
 
     def _accept_lgd(self, cid: int, payload: dict, what: str) -> dict:
         g = payload["lgd"]

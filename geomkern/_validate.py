@@ -222,3 +222,54 @@ def choice(name: str, v, options: tuple[str, ...]) -> str:
     if v not in options:
         raise ValueError(f"{name}={v!r} is not supported; choose one of {options}")
     return v
+
+
+# Tolerance of the value checks on received statistics, relative to each matrix's largest entry:
+# a held class's covariance may be asymmetric by at most this, and have no eigenvalue below
+# -VALUE_RTOL x its largest entry; eigenvectors may depart from orthonormal by this (max |V^T V - I|).
+# Honest float32 statistics are ~100x inside it (class_moments: asymmetry 0, eigenvalues down to
+# -5e-7 x the largest entry; eigh: |V^T V - I| <= 2e-6 up to D = 1024); a float32 geometry cast
+# to float64 keeps its float32 error, so the same bound serves both dtypes.
+VALUE_RTOL = 1e-4
+# the most samples one client may report for one class: 2^31 - 1 (more rows than any client holds:
+# 2^31 rows of D = 512 float32 are 4 TB). A larger count is a faulty or hostile upload, and would
+# let that one client outweigh every other in a pooled mean.
+MAX_COUNT = 2 ** 31 - 1
+
+
+def counts(name: str, counts: torch.Tensor) -> None:
+    """Per-class sample counts: >= 0 and <= MAX_COUNT."""
+    if counts.numel() and bool((counts < 0).any()):
+        raise ValueError(f"{name} must be >= 0, got min {float(counts.min()):g}")
+    if counts.numel() and bool((counts > MAX_COUNT).any()):
+        raise ValueError(f"{name} must be <= {MAX_COUNT} (2^31 - 1: more samples than one client holds), got "
+                         f"{float(counts.max()):.3g}; so large a count is a faulty upload and would outweigh every "
+                         "other client in the pooled moments")
+
+
+def covariances(name: str, covs: torch.Tensor, counts: torch.Tensor) -> None:
+    """The held classes' covariances (C, D, D) (``counts`` (C,) > 0) are symmetric and positive
+    semi-definite within VALUE_RTOL: what GGEUR's containers and ``pool_moments`` accept."""
+    held = torch.nonzero(counts > 0).squeeze(1).to(covs.device)
+    if held.numel() == 0:
+        return
+    S = covs[held].to(torch.float64)
+    scale = S.abs().amax((1, 2))
+    asym = (S - S.mT).abs().amax((1, 2))
+    bad = torch.nonzero(asym > VALUE_RTOL * scale).squeeze(1)
+    if bad.numel():
+        j = int(bad[0])
+        raise ValueError(f"{name}[{int(held[j])}] is not symmetric: max |cov - cov^T| = {float(asym[j]):.3g}, "
+                         f"above {VALUE_RTOL:g} x its largest entry {float(scale[j]):.3g} (classes "
+                         f"{held[bad].tolist()})")
+    # C + VALUE_RTOL max|C| I has a Cholesky factor iff no eigenvalue of C is below -VALUE_RTOL max|C|;
+    # float64 so that the factorisation's own round-off (~D eps) stays far below that shift
+    nz = scale > 0
+    eye = torch.eye(S.shape[1], dtype=S.dtype, device=S.device)
+    _, info = torch.linalg.cholesky_ex(0.5 * (S + S.mT)[nz] + (VALUE_RTOL * scale[nz]).view(-1, 1, 1) * eye)
+    if bool((info > 0).any()):
+        j = int(torch.nonzero(nz).squeeze(1)[int(torch.nonzero(info > 0)[0])])
+        low = float(torch.linalg.eigvalsh(S[j])[0])
+        raise ValueError(f"{name}[{int(held[j])}] is not positive semi-definite: it has the eigenvalue "
+                         f"{low:.3g}, below -{VALUE_RTOL:g} x its largest entry {float(scale[j]):.3g}; a "
+                         "covariance never is (was it computed or sent incorrectly?)")

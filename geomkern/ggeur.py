@@ -40,13 +40,7 @@ from .ops.eigh import eigh
 from .ops.moments import class_moments, pool_moments, pool_moments_by_class
 
 NOISE_MODES = ("sqrt", "paper")
-# Tolerance of the value checks on received statistics, relative to each matrix's largest entry:
-# a held class's covariance may be asymmetric by at most this, and have no eigenvalue below
-# -VALUE_RTOL x its largest entry; eigenvectors may depart from orthonormal by this (max |V^T V - I|).
-# Honest float32 statistics are ~100x inside it (class_moments: asymmetry 0, eigenvalues down to
-# -5e-7 x the largest entry; eigh: |V^T V - I| <= 2e-6 up to D = 1024); a float32 geometry cast
-# to float64 keeps its float32 error, so the same bound serves both dtypes.
-VALUE_RTOL = 1e-4
+VALUE_RTOL = _validate.VALUE_RTOL  # the value checks' tolerance (geomkern/_validate.py says why)
 
 
 class _ClassRows:
@@ -125,8 +119,7 @@ def _check_counts(name: str, counts, C: int, device) -> torch.Tensor:
                          f"got {tuple(counts.shape)}")
     if counts.device != device:
         raise ValueError(f"{name}.counts is on {counts.device} but means are on {device}")
-    if C and bool((counts < 0).any()):
-        raise ValueError(f"{name}.counts must be >= 0, got min {int(counts.min())}")
+    _validate.counts(f"{name}.counts", counts)
     return counts.long()
 
 
@@ -139,35 +132,8 @@ def _check_statistics(name: str, s: ClassStatistics):
         raise ValueError(f"{name}.covs must have shape (C, D, D) = ({C}, {D}, {D}) to match means "
                          f"{tuple(means.shape)}, got {tuple(covs.shape)}")
     counts = _check_counts(name, s.counts, C, means.device)
-    _check_covariances(f"{name}.covs", covs, counts)
+    _validate.covariances(f"{name}.covs", covs, counts)
     return counts, means, covs
-
-
-def _check_covariances(name: str, covs: torch.Tensor, counts: torch.Tensor) -> None:
-    """The held classes' covariances are symmetric and positive semi-definite within VALUE_RTOL."""
-    held = torch.nonzero(counts > 0).squeeze(1).to(covs.device)
-    if held.numel() == 0:
-        return
-    S = covs[held].to(torch.float64)
-    scale = S.abs().amax((1, 2))
-    asym = (S - S.mT).abs().amax((1, 2))
-    bad = torch.nonzero(asym > VALUE_RTOL * scale).squeeze(1)
-    if bad.numel():
-        j = int(bad[0])
-        raise ValueError(f"{name}[{int(held[j])}] is not symmetric: max |cov - cov^T| = {float(asym[j]):.3g}, "
-                         f"above {VALUE_RTOL:g} x its largest entry {float(scale[j]):.3g} (classes "
-                         f"{held[bad].tolist()})")
-    # C + VALUE_RTOL max|C| I has a Cholesky factor iff no eigenvalue of C is below -VALUE_RTOL max|C|;
-    # float64 so that the factorisation's own round-off (~D eps) stays far below that shift
-    nz = scale > 0
-    eye = torch.eye(S.shape[1], dtype=S.dtype, device=S.device)
-    _, info = torch.linalg.cholesky_ex(0.5 * (S + S.mT)[nz] + (VALUE_RTOL * scale[nz]).view(-1, 1, 1) * eye)
-    if bool((info > 0).any()):
-        j = int(torch.nonzero(nz).squeeze(1)[int(torch.nonzero(info > 0)[0])])
-        low = float(torch.linalg.eigvalsh(S[j])[0])
-        raise ValueError(f"{name}[{int(held[j])}] is not positive semi-definite: it has the eigenvalue "
-                         f"{low:.3g}, below -{VALUE_RTOL:g} x its largest entry {float(scale[j]):.3g}; a "
-                         "covariance never is (was it computed or sent incorrectly?)")
 
 
 def _check_geometry(name: str, g: GlobalGeometry):

@@ -67,3 +67,20 @@ def test_an_upload_of_the_wrong_width_is_refused_by_accept():
     with pytest.raises(ValueError, match="client 2's GGEUR statistics are torch.float32 in D=4; the run has "
                                          "torch.float32 in D=5"):
         server.accept("statistics", 2, client.upload("statistics", 2, _data(), round=None), round=None)
+
+
+def test_a_gab_whose_median_distance_is_zero_names_the_option_that_fixes_it(tmp_path):
+    """Issue 30: every row the same, so the GAB's median pairwise distance is 0: the message names
+    --set fedmc.gamma (it said "pass an explicit gamma" without saying where), and the fresh run's
+    folder is removed."""
+    from fedsim.data import Dataset, save_dataset
+    from fedsim.runner import MethodSpec, RunConfig, run
+
+    x = torch.full((80, 4), 0.5)
+    y = torch.arange(80) % 2
+    save_dataset(Dataset("same", x, y, x[:20], y[:20], ["a", "b"]), tmp_path / "same.npz")
+    cfg = RunConfig(dataset=str(tmp_path / "same.npz"), n_clients=2, rounds=1, min_size=5,
+                    methods=[MethodSpec("m", augmenter="fedmc", augmenter_params=SMALL)])
+    with pytest.raises(ValueError, match=r"gamma='median' cannot be resolved .* --set fedmc.gamma=VALUE"):
+        run(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import geomkern as gk
+from geomkern import ggeur
 from conftest import DEVICES, FLOATS, SIZES, TOL, assert_close_rel, backends_for, match_signs
 
 seeds = st.integers(0, 2 ** 32 - 1)
@@ -262,3 +263,20 @@ def test_cupy_eigh_on_cuda_matches_reference(dtype, gen):
     assert_close_rel(w.cpu().double(), rw, TOL[dtype])
     if dtype == torch.float64:
         assert_close_rel(V.cpu(), rV, TOL[dtype])
+
+
+def test_pool_moments_refuses_what_class_statistics_refuse():
+    """Issue 30: pool_moments took covariances that ClassStatistics refuses (not positive
+    semi-definite) and a count of 1e18, with which one client outweighed every other."""
+    g = torch.Generator().manual_seed(0)
+    means = torch.randn(2, 1, 3, generator=g, dtype=torch.float64)
+    covs = torch.eye(3, dtype=torch.float64).expand(2, 1, 3, 3).clone()
+    counts = torch.tensor([[3], [5]])
+    assert torch.equal(gk.pool_moments(counts, means, covs)[0], torch.tensor([8]))
+    with pytest.raises(ValueError, match=r"covs\[1\]\[0\] is not positive semi-definite: it has the eigenvalue -1"):
+        gk.pool_moments(counts, means, torch.stack([covs[0], -covs[1]]))
+    for big in (torch.tensor([[10 ** 18], [5]]), torch.tensor([[1e18], [5.0]], dtype=torch.float64)):
+        with pytest.raises(ValueError, match=r"counts must be <= 2147483647 \(2\^31 - 1"):
+            gk.pool_moments(big, means, covs)
+    with pytest.raises(ValueError, match="must be <= 2147483647"):
+        ggeur.ClassStatistics(torch.tensor([2 ** 31]), means[0], covs[0])

@@ -59,8 +59,9 @@ def pool_moments(counts: torch.Tensor, means: torch.Tensor, covs: torch.Tensor):
                          f"covs {tuple(covs.shape)}; expected (K, C), (K, C, D), (K, C, D, D)")
     if counts.dtype.is_floating_point and not bool(torch.isfinite(counts).all()):
         raise ValueError("counts contains NaN/Inf")
-    if bool((counts < 0).any()):
-        raise ValueError("counts must be >= 0")
+    _validate.counts("counts", counts)
+    for k in range(K):  # what ggeur.ClassStatistics refuses, refused here too
+        _validate.covariances(f"covs[{k}]", covs[k], counts[k])
     return _pool(counts, means, lambda w: torch.einsum("kc,kcde->cde", w, covs))
 
 
@@ -93,8 +94,7 @@ def pool_moments_by_class(counts: torch.Tensor, means: torch.Tensor, class_covs)
     means = _validate.tensor("means", means, ndim=3)
     if not isinstance(counts, torch.Tensor) or counts.shape != means.shape[:2]:
         raise ValueError(f"counts must be a (K, C) = {tuple(means.shape[:2])} tensor of per-client class counts")
-    if bool((counts < 0).any()):
-        raise ValueError("counts must be >= 0")
+    _validate.counts("counts", counts)
     K, C, D = means.shape
 
     def weighted_covs(w):
