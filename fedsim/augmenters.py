@@ -521,8 +521,8 @@ class FedMCAugmenter(Augmenter):
             raise ValueError(f"client {cid}'s {what} is a {type(g).__name__}, not a LocalGeometry")
         D = self.B.shape[1]
         if g.centers.shape[1] != D or g.betas.shape[2] != self.B.shape[0] or g.gamma != self.gamma:
-            raise ValueError(f"client {cid}'s {what} has D={g.centers.shape[1]}, S={g.betas.shape[2]}, gamma={g.gamma}; "
-                             f"the server's GAB has D={D}, S={self.B.shape[0]}, gamma={self.gamma}")
+            raise ValueError(f"client {cid}'s {what} has D={g.centers.shape[1]}, S={g.betas.shape[2]}, "
+                             f"gamma={g.gamma}; the server's GAB has D={D}, S={self.B.shape[0]}, gamma={self.gamma}")
         return payload
 
     def _lgd(self, data: ClientData, gen: torch.Generator):

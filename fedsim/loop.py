@@ -52,9 +52,9 @@ def select(seed: int, r: int, n_clients: int, fraction: float) -> list[int]:
 
 
 def run_rounds(fed: Federation, cfg, spec, seed: int, run_dir: Path, *, fingerprint: str, dataset_sum: str,
-               device, progress: bool = True) -> tuple[list[dict], dict, bool]:
+               device, progress: bool = True) -> tuple[list[dict], dict]:
     """Run ``fed`` for cfg.rounds rounds, continuing from run_dir/checkpoint.pt if present (once
-    verified). Returns (history, timings, whether a round ran in this call).
+    verified). Returns (history, timings).
 
     ``timings["wall_s"]``: this (method, seed)'s wall time, summed over the sessions that ran it,
     each from the start of this call to its last checkpoint (the final evaluation after it, and
@@ -75,7 +75,7 @@ def run_rounds(fed: Federation, cfg, spec, seed: int, run_dir: Path, *, fingerpr
         start, history, timings = state["round"], state["history"], state["timings"]
         fed.restore(state)
     if start >= cfg.rounds:
-        return history, timings, False
+        return history, timings
     wall_before = timings.get("wall_s", 0.0)
     fed.begin(start, timings)
     rounds = progress_bar(range(start, cfg.rounds), desc=f"{spec.name} seed {seed}", unit="round",
@@ -89,4 +89,4 @@ def run_rounds(fed: Federation, cfg, spec, seed: int, run_dir: Path, *, fingerpr
                          fingerprint=fingerprint, dataset=dataset_sum)
         rounds.set_postfix(acc=f"{entry['accuracy']:.3f}")
     rounds.close()
-    return history, timings, True
+    return history, timings

@@ -228,9 +228,10 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
     path's (format, configuration, and the dataset's checksum: a toy problem or wordnet:mixed
     regenerated differently, or another dataset file, is refused). Returns (metrics, timings)."""
     fed = PersonalFederation(cfg, spec, seed, ds, run_dir)
-    history, timings, _ = run_rounds(fed, cfg, spec, seed, run_dir, fingerprint=_checkpoint.fingerprint(cfg, spec.name, seed),
-                                     dataset_sum=_checkpoint.dataset_checksum(ds), device=torch.device(cfg.device),
-                                     progress=progress)
+    history, timings = run_rounds(fed, cfg, spec, seed, run_dir,
+                                  fingerprint=_checkpoint.fingerprint(cfg, spec.name, seed),
+                                  dataset_sum=_checkpoint.dataset_checksum(ds), device=torch.device(cfg.device),
+                                  progress=progress)
     return {**_metrics(history), **fed.algo.run_report()}, timings
 
 

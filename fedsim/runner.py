@@ -265,11 +265,9 @@ class GlobalFederation(Federation):
     evaluated on the test rows and on every client's validation rows after each round (loop.py
     runs the rounds)."""
 
-    def __init__(self, cfg: RunConfig, spec: MethodSpec, seed: int, ds, clients, x_test, engine: Engine, *,
-                 progress: bool):
+    def __init__(self, cfg: RunConfig, spec: MethodSpec, seed: int, ds, clients, x_test, engine: Engine):
         dev = torch.device(cfg.device)
         self.cfg, self.spec, self.seed, self.ds, self.clients, self.engine = cfg, spec, seed, ds, clients, engine
-        self.progress = progress
         self.n_clients = len(clients)
         self.x_test, self.y_test = x_test.to(dev), ds.y_test.to(dev)
         self.x_val, self.y_val = torch.cat([c.x_val for c in clients]), torch.cat([c.y_val for c in clients])
@@ -351,7 +349,7 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     DivergedError."""
     engine = engine or LocalEngine(progress=progress)
     clients, x_test = client_data(cfg, ds, parts, seed, pooled=pooled)
-    fed = GlobalFederation(cfg, spec, seed, ds, clients, x_test, engine, progress=progress)
+    fed = GlobalFederation(cfg, spec, seed, ds, clients, x_test, engine)
     # the centralised row under a shift trains on the clients' views (it once took one client's view for all:
     # such a checkpoint is refused)
     views = "pooled client views" if pooled and (cfg.feature_shift or cfg.feature_noise) else None
@@ -359,8 +357,8 @@ def run_method(cfg: RunConfig, spec: MethodSpec, seed: int, ds, parts, run_dir: 
     dataset_sum = dataset_sum or _checkpoint.dataset_checksum(ds)
     if cfg.zero_shot or cfg.model == "prompt":  # round 0: the untrained model (kept by a resume)
         fed.zero_shot = evaluate(fed.model, fed.x_test, fed.y_test)[0]
-    history, timings, _ = run_rounds(fed, cfg, spec, seed, run_dir, fingerprint=fingerprint,
-                                       dataset_sum=dataset_sum, device=torch.device(cfg.device), progress=progress)
+    history, timings = run_rounds(fed, cfg, spec, seed, run_dir, fingerprint=fingerprint, dataset_sum=dataset_sum,
+                                  device=torch.device(cfg.device), progress=progress)
     engine.finish(spec, seed, fed.global_params, timings)
     return {**_metrics(history, ds, fed.privacy, fed.zero_shot),
             **_final_report(fed.model, fed.global_params, fed.x_test, fed.y_test, clients, ds.n_classes)}, timings

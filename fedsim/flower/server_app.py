@@ -4,13 +4,13 @@
 round), aggregation through the algorithm's server hook, evaluation, checkpoints and metrics).
 Handed ``FlowerEngine(grid)`` (an engine.Engine), its client-side steps go through Flower messages
 instead of function calls: the augmenter's exchange (``FlowerEngine.exchange``, i.e.
-exchange.serve_exchange: for each of the augmenter's steps, ``query.upload`` to the clients taking
-part, the augmenter's ``accept`` and ``aggregate`` here, ``query.download`` with what goes back) and the selected clients' local
-rounds (``FlowerEngine.train``), answered by ``client_app.app``. Nothing here knows an augmenter
-by name: the exchange is the augmenter's hooks (fedsim/augmenters.py). Server state (SCAFFOLD's c,
-FedDyn's h, FedOpt's moments, FedProto's prototypes) stays in the server's algorithm object, i.e.
-in this ServerApp; what a client reads of it (``Algorithm.download_state``) goes down with the
-weights.
+exchange.serve_exchange: for each of the augmenter's steps, ``query.upload`` to the clients
+taking part, the augmenter's ``accept`` and ``aggregate`` here, ``query.download`` with what goes
+back) and the selected clients' local rounds (``FlowerEngine.train``), answered by
+``client_app.app``. Nothing here knows an augmenter by name: the exchange is the augmenter's hooks
+(fedsim/augmenters.py). Server state (SCAFFOLD's c, FedDyn's h, FedOpt's moments, FedProto's
+prototypes) stays in the server's algorithm object, i.e. in this ServerApp; what a client reads of
+it (``Algorithm.download_state``) goes down with the weights.
 
 Failures are Flower's: a client that does not answer within ``round_timeout`` seconds, answers
 with an error, or uploads something that fails its checks is left out of that step with a logged
