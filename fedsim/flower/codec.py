@@ -12,8 +12,9 @@
   client_state) travel as ``put`` writes them under a name N: ``N`` (a ConfigRecord: numbers,
   strings, lists of ints, and each container as its bytes), ``N.arrays`` (an ArrayRecord: the
   tensors) and ``N.schema`` (what each entry is: a tensor, a value, a container or a list of
-  containers with its format and kind, or None); ``take`` rebuilds it, each container through
-  its own ``from_bytes`` (only the project's container classes are built, never arbitrary code).
+  containers with its format and kind, an empty list, or None); ``take`` rebuilds it, each
+  container through its own ``from_bytes`` (only the project's container classes are built, never
+  arbitrary code).
 
 Bytes: ``payload_bytes`` counts what a message carries on the wire in its records (tensor data
 plus each array's .npy header, each safetensors blob with its JSON header); the run's
@@ -116,6 +117,8 @@ def put(records: RecordDict, name: str, payload: dict | None, *, blobs: dict | N
             schema[k] = f"containers:{v[0]._FORMAT}/{v[0]._KIND}"
         elif v is None:
             schema[k] = "null"
+        elif isinstance(v, (list, tuple)) and not v:  # Flower cannot count the bytes of an empty list
+            schema[k] = "empty"
         else:
             config[k], schema[k] = (list(v) if isinstance(v, tuple) else v), "value"
     records[name] = ConfigRecord(config)
@@ -137,12 +140,14 @@ def take(records: RecordDict, name: str, *, source: str, device="cpu") -> dict |
     out = {}
     for k, tag in schema.items():
         tag = str(tag)
-        if (tag == "tensor" and k not in arrays) or (tag not in ("tensor", "null") and k not in config):
+        if (tag == "tensor" and k not in arrays) or (tag not in ("tensor", "null", "empty") and k not in config):
             raise ValueError(f"{source}: entry {k!r} is listed ({tag}) but not sent")
         if tag == "tensor":
             out[k] = arrays[k]
         elif tag == "null":
             out[k] = None
+        elif tag == "empty":
+            out[k] = []
         elif tag == "value":
             out[k] = config[k]
         else:
