@@ -9,7 +9,7 @@ GPUTarget("cuda", 90, 32) and captures each compiled kernel instead of launching
 block sizes, num_warps and num_stages are exactly those the launchers pick for each shape; the
 inputs are uninitialised CPU tensors that no kernel ever reads. Each float32 case is compiled at
 every precision the launchers support (geomkern/backends/triton/_common.py PRECISIONS). The CUDA
-kernels (csrc/cuda/*.cu) are compiled as tests/test_nvcc_compile.py does, plus ``-cubin
+kernels (csrc/cuda/*.cu) are compiled as tests/geomkern/test_nvcc_compile.py does, plus ``-cubin
 --resource-usage``, and the template instance the host code picks for each case is looked up.
 Registers and spills come from ptxas's own report; tensor-core instructions, the hot loop's
 instruction mix and the exp count come from the SASS (cuobjdump from Triton's NVIDIA backend).
@@ -752,7 +752,7 @@ def _triton_record(ln: Launch, case: Case, prec: str) -> dict:
 # --------------------------------------------------------------------------------- CUDA
 
 def _nvcc_check():
-    """tests/test_nvcc_compile.py: the CUDA sources, nvcc and flags the CI compile check uses."""
+    """tests/geomkern/test_nvcc_compile.py: the CUDA sources, nvcc and flags the CI compile check uses."""
     spec = importlib.util.spec_from_file_location("_nvcc_compile_check",
                                                   ROOT / "tests" / "test_nvcc_compile.py")
     mod = importlib.util.module_from_spec(spec)

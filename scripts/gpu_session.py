@@ -79,9 +79,8 @@ HEADLINE = ["gram 4096^2", "gram cross", "preimage gd 50000 x S512 x D512", "pro
             "kmeans assign 10 x 5000 x D512, k64"]
 # Dry run: the compile-only report on a few cases keeps it to about a minute on two cores.
 DRY_CASES = ["gram 4096^2", "projection", "rbf_matmul 20000 x 20000 x D64"]
-GPU_TESTS = ["tests/test_triton.py", "tests/test_precision.py", "tests/test_rbf.py", "tests/test_kpca.py",
-             "tests/test_preimage.py", "tests/test_moments.py", "tests/test_kmeans.py",
-             "tests/test_dispatch.py", "tests/test_validation.py"]
+GPU_TESTS = [f"tests/geomkern/test_{m}.py" for m in
+             ("triton", "precision", "rbf", "kpca", "preimage", "moments", "kmeans", "dispatch", "validate")]
 
 
 def now() -> float:
@@ -263,7 +262,7 @@ def main() -> int:
     junit = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-session-junit-{os.getpid()}"
     junit.mkdir(parents=True, exist_ok=True)
     if DRY:
-        runs = [("tests/test_triton.py", ["-k", "rbf_gram or rbf_matmul or offset"], 240)]
+        runs = [("tests/geomkern/test_triton.py", ["-k", "rbf_gram or rbf_matmul or offset"], 240)]
         tenv = {"TRITON_INTERPRET": "1"}
     else:
         # -v: every test's id and outcome reaches session.log as it runs, so a file cut short
@@ -305,7 +304,7 @@ def main() -> int:
     step("build", build_cmd, 240, proc=build, extra=built if build else None, reserve_s=20)
     nxml = junit / "native.xml"
     native = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(nxml),
-              "tests/test_cuda_native.py"] + ([] if DRY else [
+              "tests/geomkern/test_cuda_native.py"] + ([] if DRY else [
                   "-m", "gpu", "-v", "--tb=short", "--durations=15",
                   # pytest-timeout (in the GPU image): a test that hangs is stopped with its
                   # stack in the log, and the rest run (session 9's first call timed out the

@@ -1,6 +1,6 @@
 """A batched symmetric eigen-decomposition checked against a float64 LAPACK oracle (scipy), shared
-by tests/test_cuda_emulated.py (the CUDA kernels under host emulation) and
-tests/test_cuda_native.py (the same kernels on a GPU)."""
+by tests/geomkern/test_cuda_emulated.py (the CUDA kernels under host emulation) and
+tests/geomkern/test_cuda_native.py (the same kernels on a GPU)."""
 from __future__ import annotations
 
 import numpy as np

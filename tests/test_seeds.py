@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # two cases of one parametrized test that takes the `seed` fixture
-CASES = "tests/test_kmeans.py::test_kmeans_inertia_close_to_sklearn"
+CASES = "tests/geomkern/test_kmeans.py::test_kmeans_inertia_close_to_sklearn"
 
 
 def _seeds(*args: str) -> dict[str, int]:

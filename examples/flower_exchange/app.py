@@ -8,7 +8,7 @@ Your model, your data and Flower's own FedAvg strategy; fedsim adds the geometry
   augmenter's samples (``client_augmenter(...).augment``) to the rows you train on.
 
 Run it in Flower's Simulation Engine with ``python examples/flower_exchange/app.py`` (2 rounds,
-4 clients; tests/test_flower.py runs it), or point ``flwr run`` at ``app:server`` / ``app:client``.
+4 clients; tests/fedsim/test_flower.py runs it), or point ``flwr run`` at ``app:server`` / ``app:client``.
 The data is synthetic: 6 Gaussian classes in 16 dimensions, each client holding 2 of them.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // Host emulation of the CUDA subset csrc/cuda/*.cu use, so their kernels can be run and tested on
-// a machine without a GPU (tests/test_cuda_emulated.py). Force-included (g++ -include) ahead of
+// a machine without a GPU (tests/geomkern/test_cuda_emulated.py). Force-included (g++ -include) ahead of
 // a .cu compiled as C++; the real toolkit header cuda_runtime_api.h supplies the types (dim3,
 // cudaError_t, cudaLaunchConfig_t), and crt/host_defines.h already turns __global__, __device__,
 // __host__ and __shared__ into nothing for a non-CUDA compiler.

@@ -1,5 +1,5 @@
 // The emulated CUDA runtime behind cuda_emu.h, and a C interface to csrc/cuda's launchers for
-// ctypes (tests/test_cuda_emulated.py). "Device" pointers are host pointers here.
+// ctypes (tests/geomkern/test_cuda_emulated.py). "Device" pointers are host pointers here.
 #include <ucontext.h>
 
 #include <algorithm>

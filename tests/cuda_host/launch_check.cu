@@ -1,6 +1,6 @@
 // Host-only check of csrc/cuda/kernels.h: calls every launcher, for float and double, the way
 // csrc/cuda_bindings/cuda_ops.cpp does (device buffers, workspace query, a stream).
-// tests/test_nvcc_compile.py compiles it and links it against the objects of csrc/cuda/*.cu, so
+// tests/geomkern/test_nvcc_compile.py compiles it and links it against the objects of csrc/cuda/*.cu, so
 // a declaration that does not match its definition (or a missing instantiation) fails there
 // without a GPU. Run on a GPU machine it also checks that the launches succeed on zeroed input.
 #include <cstdio>

@@ -1,6 +1,6 @@
 """Issue 21: no run folder that cannot be run again, verified resumes, divergence that stops and
 says so, empty clients, value checks of exchanged geometry, the privacy spent, durable writes.
-(Bad CLI/TOML values, table-driven: tests/test_cli_errors.py.)"""
+(Bad CLI/TOML values, table-driven: tests/fedsim/test_cli.py.)"""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from fedsim import runner
 from fedsim.data import Dataset, save_dataset
 from fedsim.runner import MethodSpec, RunConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _blobs(n, C=6, D=16, seed=0, domains=False):

@@ -10,7 +10,7 @@ import pytest
 
 from fedsim.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # (extra flags of `fedsim run`, what the message must name)
 CLI = [

@@ -7,7 +7,7 @@ GPU tests (marked ``gpu``; skipped without a CUDA device, or when _C_cuda was no
     RBF Grams; eigenvalues, reconstruction, orthogonality, eigenvectors up to sign
     (tests/_eigh_oracle.py), through the public gk.eigh as well;
   * the fused pre-image loop vs gd_reference in float64 on the same inputs, through gk.preimage.
-The same kernels run under host emulation in tests/test_cuda_emulated.py (no GPU needed).
+The same kernels run under host emulation in tests/geomkern/test_cuda_emulated.py (no GPU needed).
 
 CPU tests: the device-dispatching wrappers geomkern/backends/native/__init__.py registers when
 _C_cuda exists, exercised with a stand-in for _C_cuda, so the CPU native registration they wrap
@@ -37,11 +37,11 @@ CUDA = torch.cuda.is_available()
 # bool(): pytest evaluates a str condition as Python source, and "" (built) was a SyntaxError there
 needs_ext = pytest.mark.skipif(bool(CUDA and native_cuda.why_not("cuda")),
                                reason=native_cuda.why_not("cuda") or "built")
-# Same bounds as the emulated tests (tests/test_cuda_emulated.py): the solver computes in double,
+# Same bounds as the emulated tests (tests/geomkern/test_cuda_emulated.py): the solver computes in double,
 # so float32 results are limited by their final rounding (emulation: <= 1e-7).
 EIGH_TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
 PREIMAGE_TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _random_symmetric(batch, n, dtype, seed):

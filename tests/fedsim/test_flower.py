@@ -358,7 +358,7 @@ def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
 
 def _run_example(augmenter: dict) -> str:
     """examples/flower_exchange/app.py in Flower's Simulation Engine (2 rounds, 4 clients)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "EXAMPLE_AUGMENTER": json.dumps(augmenter), "PYTHONPATH": str(root)}
     p = subprocess.run([sys.executable, str(root / "examples" / "flower_exchange" / "app.py")], env=env,
                        capture_output=True, text=True, timeout=600)

@@ -331,7 +331,7 @@ def test_loader_error_on_a_plain_npz_points_at_fedsim_import(tmp_path, rng):
 
 def test_cli_bad_input_exits_2_without_traceback(tmp_path, rng):
     kwargs, pattern = _bad_case("nan", tmp_path, rng)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = subprocess.run([sys.executable, "-m", "fedsim.cli", "import", "--train-x", kwargs["train_x"],
                            "--train-y", kwargs["train_y"], "--out", str(tmp_path / "o.npz")],
                           capture_output=True, text=True, env=env, timeout=300)

@@ -24,7 +24,7 @@ import pytest
 
 import importlib.util  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # by path: benchmarks/ on sys.path would let its conftest.py shadow this directory's for every
 # later import of conftest (the Triton tests' interpreter worker is one)
 _spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "benchmarks" / "sm90_report.py")

@@ -11,7 +11,7 @@ decorated, i.e. when geomkern.backends.triton is imported -- and conftest has al
 into every other test module (their ``backend`` fixture would then interpret Triton on their
 large sizes). So the CPU cases run in one worker subprocess started with TRITON_INTERPRET=1
 (spawned once per session, ~5 s); the check functions below run there unchanged, and failures
-come back with the worker's traceback. Run under ``TRITON_INTERPRET=1 pytest tests/test_triton.py``
+come back with the worker's traceback. Run under ``TRITON_INTERPRET=1 pytest tests/geomkern/test_triton.py``
 they run in-process instead. The ``cuda`` cases (marked gpu) run in this process on CUDA tensors
 with compiled kernels. ``test_kernels_compile_for_sm90`` compiles what the launchers would launch
 for an H100 (no GPU needed) and checks the shared memory fits, so GPU-only compile errors show up

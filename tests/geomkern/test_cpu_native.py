@@ -401,7 +401,7 @@ def test_cpu_isa_names_the_running_variant():
 
 def _python_env(code, **env):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1], env={**os.environ, **env})
+                         cwd=Path(__file__).resolve().parents[2], env={**os.environ, **env})
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
 

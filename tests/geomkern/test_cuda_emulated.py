@@ -5,7 +5,7 @@ asking for more shared memory than granted are errors). The kernel and launcher 
 compiled unchanged by g++; only the CUDA runtime underneath is replaced.
 
 This is what checks the kernels' arithmetic, indexing and barrier placement on a machine without
-a GPU; tests/test_cuda_native.py runs the same checks on a real device. Each launch runs in a
+a GPU; tests/geomkern/test_cuda_native.py runs the same checks on a real device. Each launch runs in a
 forked child, so an out-of-bounds access fails one test instead of the whole session. The
 thread order seed is the printed test seed.
 """
@@ -27,7 +27,7 @@ from _eigh_oracle import check_eigh
 
 from geomkern.ops.preimage import default_gd_lr, gd_reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CUDA_DIR = ROOT / "csrc" / "cuda"
 HOST_DIR = ROOT / "tests" / "cuda_host"
 CXX = shutil.which("g++")

@@ -276,7 +276,7 @@ def test_the_docs_example_runs():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
     section = text[text.index("## scikit-learn estimators"):]
     end = section.find("\n## ", 1)
     section = section if end < 0 else section[:end]
