@@ -84,3 +84,43 @@ def test_a_gab_whose_median_distance_is_zero_names_the_option_that_fixes_it(tmp_
     with pytest.raises(ValueError, match=r"gamma='median' cannot be resolved .* --set fedmc.gamma=VALUE"):
         run(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Folded from test_ggeur_memory.py:
+# GGEUR's exchange in batches on the Flower server (issue 17, scale): same results as the local
+# engine.
+
+@pytest.mark.slow  # ~25 s on the busy machine
+def test_flower_exchange_in_batches_and_kept_geometry_give_the_local_results(tmp_path, monkeypatch):
+    """The Flower server sends GGEUR's upload and geometry messages in batches (here of 2 clients)
+    and each client keeps only its classes' eigenvectors: results identical to the local engine."""
+    pytest.importorskip("flwr")
+    from conftest import save_blobs
+    from test_flower import InProcessGrid, _cfg, _seed_metrics
+
+    from fedsim.flower import exchange
+    from fedsim.flower.server_app import FlowerEngine
+    from fedsim.runner import MethodSpec, run
+
+    blobs = save_blobs(tmp_path / "blobs.npz", classes=6, dim=8, noise=0.6, n_train=150, n_test=60, seed=1)
+    methods = [MethodSpec("FedAvg+GGEUR", augmenter="ggeur")]
+    cfg = dict(n_clients=5, beta=0.1, min_size=3, client_fraction=0.6, rounds=1)
+    local = run(_cfg(blobs, methods, **cfg), tmp_path / "local", progress=False)
+    monkeypatch.setattr(exchange, "EXCHANGE_BATCH", 2)
+    sent = []
+    grid = InProcessGrid(5)
+    send = grid.send_and_receive
+    def counted(msgs, **kw):
+        sent.append((msgs[0].metadata.message_type, len(msgs)))
+        return send(msgs, **kw)
+
+    grid.send_and_receive = counted
+    flower = run(_cfg(blobs, methods, **cfg), tmp_path / "flower", progress=False, engine=FlowerEngine(grid))
+    assert _seed_metrics(flower) == _seed_metrics(local)
+    assert [n for kind, n in sent if kind == "query.upload"] == [2, 2, 1]
+    assert [n for kind, n in sent if kind == "query.download"] == [2, 2, 1]
+    for ctx in grid.contexts.values():  # what a node keeps: the eigenvectors of the classes it samples
+        kept = ctx.state.array_records["0.0.aug.arrays"].to_torch_state_dict()
+        assert kept["eigenvectors"].shape[0] == kept["classes"].numel() < 6
+        assert "0.0.aug" not in ctx.state.config_records or not ctx.state.config_records["0.0.aug"]

@@ -3,6 +3,7 @@ refusals, personalised evaluation in results.json."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import geomkern as gk
 from fedsim.algorithms import build_algorithm
 from fedsim.algorithms.base import ClientContext
 from fedsim.algorithms.flic import FLIC
+from fedsim.client import DivergedError
 from fedsim.data.dataset import ClientSplit, PersonalDataset
 from fedsim.data.toy import linear_mapping, load_toy, noisy_features
 from fedsim.models import PersonalNet
@@ -332,3 +334,92 @@ def test_wordnet_mixed_two_real_representations():
     with pytest.raises(ValueError, match="unknown option"):
         personal_dataset(_cfg(dataset="wordnet:mixed?dim=3", n_clients=6), 0)
     assert load_dataset("default").dim == 384
+
+
+# ------------------------------------------------------------------------------------------------
+# Folded from test_flic_bytes.py:
+# Byte accounting on the personalised path: a federation of one exchanges nothing.
+
+SIZES = {"embed_dim": 4, "embed_hidden": 8, "hidden": 8}
+
+
+def _bytes_cfg(rounds=2):
+    return RunConfig(dataset="toy:linear-mapping", n_clients=6, rounds=rounds, local_epochs=1, batch_size=32,
+                     lr=0.05, methods=[MethodSpec("Local", "local"), MethodSpec("FedRep", "fedrep")],
+                     model="personal", model_params=SIZES)
+
+
+def _shared_bytes(dim, n_classes):
+    net = PersonalNet(dim, n_classes, **SIZES)
+    return sum(v.numel() * v.element_size() for k, v in net.state_dict().items() if k.startswith(("embed.", "body.")))
+
+
+def test_fedrep_group_of_one_sends_nothing(tmp_path):
+    """Every client alone in its feature space: FedRep has nobody to average with, counts 0 bytes
+    and trains exactly as local-only training does."""
+    ds = linear_mapping(6, seed=0, n_spaces=6, n_train=20, n_test=20)
+    cfg = _bytes_cfg()
+    local, _ = run_personal_method(cfg, cfg.methods[0], 0, ds, tmp_path / "local", progress=False)
+    fedrep, _ = run_personal_method(cfg, cfg.methods[1], 0, ds, tmp_path / "fedrep", progress=False)
+    assert fedrep["bytes_up"] == 0 and fedrep["bytes_down"] == 0
+    assert fedrep["client_accuracy"] == local["client_accuracy"] and fedrep["train_loss"] == local["train_loss"]
+
+
+def test_fedrep_pairs_count_their_round_trip(tmp_path):
+    """Two clients per space: each selected client uploads and downloads its space's shared part
+    (embed + body, float32) every round, exactly."""
+    ds = linear_mapping(6, seed=0, n_spaces=3, n_train=20, n_test=20)
+    cfg = _bytes_cfg(rounds=2)
+    res, _ = run_personal_method(cfg, cfg.methods[1], 0, ds, tmp_path / "fedrep", progress=False)
+    per_round = sum(_shared_bytes(c.dim, ds.n_classes) for c in ds.clients)
+    assert per_round > 0 and res["bytes_up"] == 2 * per_round and res["bytes_down"] == 2 * per_round
+
+
+def test_mixed_group_sizes_count_only_the_shared(tmp_path):
+    """Spaces of 1 and of several clients in one run: only clients with a partner count bytes."""
+    ds = linear_mapping(6, seed=1, n_spaces=4, n_train=20, n_test=20)  # round robin: sizes 2, 2, 1, 1
+    sizes = {s: sum(c.space == s for c in ds.clients) for s in ds.spaces}
+    assert sorted(sizes.values()) == [1, 1, 2, 2]
+    cfg = _bytes_cfg(rounds=1)
+    res, _ = run_personal_method(cfg, cfg.methods[1], 0, ds, tmp_path / "fedrep", progress=False)
+    expected = sum(_shared_bytes(c.dim, ds.n_classes) for c in ds.clients if sizes[c.space] > 1)
+    assert res["bytes_up"] == expected == res["bytes_down"]
+    assert torch.tensor(expected) > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Folded from test_flic_stability.py:
+# FLIC at a high learning rate: the divergence of docs/flic.md ("Divergence at lr 0.2"), small.
+#
+# On a 6-client linear-mapping toy, lr 0.2 with the default lam 0.1 blows up within the first
+# client's local training (with lam 0 the same run trains: 0.36 final loss, measured), and ``max_grad_norm`` keeps it finite
+# while counting the steps it rescaled.
+
+def _run(tmp_path, name, rounds=3, **params):
+    ds = linear_mapping(6, seed=0, n_spaces=3, n_train=40, n_test=40)
+    spec = MethodSpec("FLIC", "flic", algorithm_params=params)
+    cfg = RunConfig(dataset="toy:linear-mapping", n_clients=6, rounds=rounds, local_epochs=3, batch_size=16,
+                    lr=0.2, methods=[spec], model="personal")
+    return run_personal_method(cfg, spec, 0, ds, tmp_path / name, progress=False)[0]
+
+
+def test_high_lr_diverges_without_and_trains_with_max_grad_norm(tmp_path):
+    with pytest.raises(DivergedError):
+        _run(tmp_path, "plain")
+    res = _run(tmp_path, "clipped", max_grad_norm=5.0)
+    assert all(math.isfinite(v) for v in res["train_loss"]) and res["final_accuracy"] > 0.3
+    assert res["clipped_steps"] > 0  # reported, not silent
+    assert build_algorithm("flic").run_report() == {}  # off by default: nothing to report
+
+
+def test_clipped_steps_survive_resume(tmp_path):
+    straight = _run(tmp_path, "a", rounds=2, max_grad_norm=5.0)
+    _run(tmp_path, "b", rounds=1, max_grad_norm=5.0)
+    resumed = _run(tmp_path, "b", rounds=2, max_grad_norm=5.0)
+    assert straight == resumed and straight["clipped_steps"] > 0
+
+
+def test_bad_max_grad_norm_named():
+    for bad in (-1.0, float("nan"), "5", True):
+        with pytest.raises(ValueError, match="max_grad_norm"):
+            build_algorithm("flic", max_grad_norm=bad)

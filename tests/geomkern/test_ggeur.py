@@ -13,8 +13,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from geomkern import ggeur
+from geomkern import ggeur, pool_moments
 from geomkern.ggeur import ClassStatistics, GlobalGeometry
+from geomkern.ops.moments import pool_moments_by_class
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -592,3 +593,103 @@ def test_generator_defaults_to_none(seed):
     P, L = ggeur.prototypes(stats, exclude=0)
     Pa, La = ggeur.augment_prototypes(P, L, geo, n_per_prototype=3)
     assert Pa.shape == (3 * P.shape[0], P.shape[1]) and La.shape == (3 * P.shape[0],)
+
+
+# ------------------------------------------------------------------------------------------------
+# Folded from test_ggeur_memory.py:
+# GGEUR's exchange in memory that grows with what the clients hold, not with clients x C x D x D
+# (issue 17, scale): the class-by-class pooling, HeldStatistics on the server, the Flower server's
+# batched exchange and the geometry a Flower client keeps. Every path gives the same numbers as the
+# dense one, bit for bit. (Its Flower paths: tests/fedsim/test_flower_exchange.py and
+# tests/fedsim/test_augmenters.py.)
+
+def _held_stats(K=9, C=5, D=12, seed=0):
+    """K clients' ClassStatistics; some classes held by nobody, some clients without rows."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k in range(K):
+        n = 0 if k == 3 else int(torch.randint(2, 30, (1,), generator=g))
+        y = torch.randint(0, C - 1, (n,), generator=g)  # class C-1: held by nobody
+        x = torch.randn(n, D, generator=g) + y.unsqueeze(1).float()
+        out.append(ggeur.local_statistics(x, y, C))
+    return out
+
+
+# (40, 6, 33), (31, 7, 47), (13, 11, 7): shapes where a per-class einsum sums in another order than
+# pool_moments' batched product; D = 384: the embedded data's dimension
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("K,C,D,dtype", [(40, 6, 33, torch.float32), (31, 7, 47, torch.float32),
+                                         (13, 11, 7, torch.float32), (20, 3, 384, torch.float32),
+                                         (40, 6, 33, torch.float64), (9, 5, 12, torch.float64)])
+def test_pool_by_class_is_pool_moments_bit_for_bit(threads, K, C, D, dtype):
+    g = torch.Generator().manual_seed(K * C * D)
+    counts = torch.randint(0, 30, (K, C), generator=g) * (torch.rand(K, C, generator=g) < 0.6)
+    means = torch.randn(K, C, D, generator=g, dtype=dtype) * (counts > 0).unsqueeze(-1)
+    A = torch.randn(K, C, D, 4, generator=g, dtype=dtype)
+    covs = (A @ A.mT) * (counts > 0).view(K, C, 1, 1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        dense = pool_moments(counts, means, covs)
+        by_class = pool_moments_by_class(counts, means, lambda c, out: out.copy_(covs[:, c]))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in zip(dense, by_class):
+        assert torch.equal(a, b)
+
+
+def test_pool_by_class_checks_counts():
+    stats = _held_stats(K=3, C=4, D=5)
+    counts = torch.stack([s.counts for s in stats])
+    means = torch.stack([s.means for s in stats])
+    with pytest.raises(ValueError, match="counts must be a"):
+        pool_moments_by_class(counts[:2], means, lambda c, out: None)
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        pool_moments_by_class(-counts, means, lambda c, out: None)
+
+
+def test_held_statistics_keep_the_held_classes_and_aggregate_identically():
+    stats = _held_stats()
+    held = [ggeur.HeldStatistics.from_statistics(s) for s in stats]
+    for s, h in zip(stats, held):
+        assert h.covs.shape[0] == int((s.counts > 0).sum()) < s.n_classes  # only the held classes' D x D
+        assert h.nbytes() == s.nbytes()  # the bytes that went up are the dense container's
+    full, compact = ggeur.aggregate(stats), ggeur.aggregate(held)
+    mixed = ggeur.aggregate([h if k % 2 else s for k, (s, h) in enumerate(zip(stats, held))])
+    for g in (compact, mixed):
+        for f in ggeur.GlobalGeometry._TENSORS:
+            assert torch.equal(getattr(g, f), getattr(full, f))
+    groups = list(range(len(stats)))
+    for a, b in zip(ggeur.group_prototypes(stats, groups, exclude=[1]),
+                    ggeur.group_prototypes(held, groups, exclude=[1])):
+        assert torch.equal(a, b)
+
+
+def test_the_geometry_is_the_dense_pooling_of_the_stacked_statistics():
+    """aggregate (now class by class) against pool_moments on the stacked statistics followed by
+    aggregate's own steps: the geometry the scale change must not move."""
+    from geomkern.ops.eigh import eigh
+
+    stats = _held_stats(K=12, C=4, D=10, seed=3)
+    counts, mu, cov = pool_moments(torch.stack([s.counts for s in stats]), torch.stack([s.means for s in stats]),
+                                   torch.stack([s.covs for s in stats]))
+    cov = 0.5 * (cov + cov.mT)
+    ev, V = eigh(cov, k=cov.shape[-1])
+    tol = cov.shape[-1] * torch.finfo(ev.dtype).eps * ev[:, :1].clamp_min(0)
+    ev = torch.where(ev > tol, ev, torch.zeros_like(ev))
+    g = ggeur.aggregate(stats)
+    for a, b in zip((counts, mu, ev, V), (g.counts, g.means, g.eigenvalues, g.eigenvectors)):
+        assert torch.equal(a, b)
+
+
+def test_a_nonzero_covariance_of_an_unheld_class_is_kept():
+    """HeldStatistics stays exact for statistics that break the zero-covariance convention."""
+    s = _held_stats(K=1, C=4, D=6)[0]
+    covs = s.covs.clone()
+    covs[3] = torch.eye(6)  # class 3 has count 0
+    odd = ggeur.ClassStatistics(s.counts, s.means, covs)
+    h = ggeur.HeldStatistics.from_statistics(odd)
+    assert 3 in h.classes.tolist()
+    out = torch.zeros(6, 6)
+    h.class_covariance(3, out)
+    assert torch.equal(out, torch.eye(6))
