@@ -267,7 +267,8 @@ def main() -> int:
     else:
         # -v: every test's id and outcome reaches session.log as it runs, so a file cut short
         # by its limit still says which tests failed (its junit file is written at the end only)
-        runs = [(f, ["-m", "gpu", "-v", "--tb=short"], 150 if "triton" in f else 45)
+        # Triton's GPU cases compile their kernels: test_triton.py and the pre-image oracle table
+        runs = [(f, ["-m", "gpu", "-v", "--tb=short"], 150 if "triton" in f or "preimage" in f else 45)
                 for f in GPU_TESTS]
         tenv = {}
     for i, (f, args, limit) in enumerate(runs):
@@ -305,7 +306,9 @@ def main() -> int:
     nxml = junit / "native.xml"
     native = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(nxml),
               "tests/geomkern/test_cuda_native.py"] + ([] if DRY else [
-                  "-m", "gpu", "-v", "--tb=short", "--durations=15",
+                  # and the CUDA kernel's entry of the pre-image oracle table (it needs the build)
+                  "tests/geomkern/test_preimage.py::test_preimage_kernels_match_float64_reference",
+                  "-k", "not triton", "-m", "gpu", "-v", "--tb=short", "--durations=15",
                   # pytest-timeout (in the GPU image): a test that hangs is stopped with its
                   # stack in the log, and the rest run (session 9's first call timed out the
                   # whole step at 60 s after 30 tests without saying which one was running)

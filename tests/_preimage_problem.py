@@ -1,4 +1,5 @@
-"""Shared pre-image test problem (native CPU, CUDA emulated and CUDA GPU tests use the same one)."""
+"""Shared pre-image test problems (the oracle table of tests/geomkern/test_preimage.py, the CUDA
+launch tests of test_cuda_emulated.py and test_cuda_native.py use the same ones)."""
 from __future__ import annotations
 
 import math
@@ -26,3 +27,17 @@ def preimage_problem(b, S, D, seed):
     T = (K * (1 + 0.05 * torch.randn(b, S, generator=g, dtype=torch.float64))).clamp_min(0)
     Z0 = X + 0.3 * torch.randn(b, D, generator=g, dtype=torch.float64)
     return Z0, B, T, gamma
+
+
+def near_basis_problem(b, S, D, seed):
+    """Points near a cloud of basis points, exact targets k(x, B) and positive expansion
+    coefficients A: z stays a weighted mean of basis points, so the fixed-point iteration is well
+    conditioned and float32 can track float64 (the Triton tests' problem). float64, CPU."""
+    g = torch.Generator().manual_seed(seed)
+    B = torch.randn(S, D, generator=g, dtype=torch.float64)
+    X = B[torch.randint(0, S, (b,), generator=g)] + 0.3 * torch.randn(b, D, generator=g, dtype=torch.float64)
+    gamma = 1.0 / (2.0 * D)
+    T = torch.exp(-gamma * torch.cdist(X, B).square())
+    Z0 = X + 0.1 * torch.randn(b, D, generator=g, dtype=torch.float64)
+    A = 0.1 + torch.rand(b, S, generator=g, dtype=torch.float64)
+    return Z0, B, T, A, gamma

@@ -11,141 +11,25 @@ thread order seed is the printed test seed.
 """
 from __future__ import annotations
 
-import ctypes
-import math
-import multiprocessing
-import os
-import shutil
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from _preimage_problem import preimage_problem
+from _cuda_emu import (CUDA_ERROR_INVALID_VALUE, H100_SMEM, UNAVAILABLE, jacobi, preimage,
+                       preimage_smem_bytes)
 from _eigh_oracle import check_eigh
+from _preimage_problem import preimage_problem
 
 from geomkern.ops.preimage import default_gd_lr, gd_reference
 
-ROOT = Path(__file__).resolve().parents[2]
-CUDA_DIR = ROOT / "csrc" / "cuda"
-HOST_DIR = ROOT / "tests" / "cuda_host"
-CXX = shutil.which("g++")
-
-
-def _cuda_include():
-    nvcc = shutil.which("nvcc")
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-             Path(nvcc).resolve().parents[1] if nvcc else None, "/usr/local/cuda"]
-    for h in homes:
-        if h and (Path(h) / "include" / "cuda_runtime_api.h").exists():
-            return Path(h) / "include"
-    return None
-
-
-CUDA_INCLUDE = _cuda_include()
-pytestmark = pytest.mark.skipif(
-    CXX is None or CUDA_INCLUDE is None,
-    reason="needs g++ and the CUDA toolkit's headers (cuda_runtime_api.h) for the host emulation")
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
 # Error bounds for the Jacobi solver. It computes in double for float32 input as well, so float32
 # results are limited by their final rounding: measured (emulation, random symmetric, n <= 257)
 # <= 1e-7 on every measure for float32 and <= 5e-14 for float64.
 EIGH_TOL = {np.float32: 1e-6, np.float64: 1e-12}
-# Pre-image: as tests/test_native_preimage.py (the float64 reference on the float32-rounded
-# inputs); measured here <= 2e-7 (float32) and <= 5e-16 (float64).
+# Pre-image: as the pre-image oracle table (tests/geomkern/test_preimage.py: the float64 reference
+# on the float32-rounded inputs); measured here <= 2e-7 (float32) and <= 5e-16 (float64).
 PREIMAGE_TOL = {np.float32: 1e-5, np.float64: 1e-10}
-H100_SMEM = 227 * 1024  # cudaDevAttrMaxSharedMemoryPerBlockOptin on H100 / H200
-CUDA_ERROR_INVALID_VALUE = 1
-
-
-@pytest.fixture(scope="module")
-def emu_lib(tmp_path_factory) -> str:
-    lib = tmp_path_factory.mktemp("cuda_emu") / "libgkemu.so"
-    cmd = [CXX, "-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
-           "-I", str(CUDA_DIR), "-I", str(CUDA_INCLUDE), "-include", str(HOST_DIR / "cuda_emu.h"),
-           "-x", "c++", *map(str, sorted(CUDA_DIR.glob("*.cu"))), "-x", "none",
-           str(HOST_DIR / "emu_harness.cpp"),
-           # -Bsymbolic: the harness binds to the emulator's cuda* functions even when a CUDA build of
-           # torch has loaded the real libcudart into this process first (cudaError 35 otherwise)
-           "-Wl,-Bsymbolic", "-o", str(lib)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"emulation build failed:\n{proc.stderr}"
-    return str(lib)
-
-
-# ---------------------------------------------------------------------------- running in a child
-
-def _child(conn, fn, args):
-    try:
-        conn.send((True, fn(*args)))
-    except BaseException as exc:  # noqa: BLE001 - reported in the parent
-        conn.send((False, repr(exc)))
-    finally:
-        conn.close()
-
-
-def _isolated(fn, *args):
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn, args))
-    proc.start()
-    send.close()
-    try:
-        ok, value = recv.recv()
-    except EOFError:
-        proc.join()
-        raise AssertionError(f"the emulated kernel crashed the child process (exit code {proc.exitcode}): "
-                             "an out-of-bounds access or a wild index") from None
-    proc.join()
-    assert ok, value
-    return value
-
-
-def _ptr(a: np.ndarray):
-    return ctypes.c_void_p(a.ctypes.data)
-
-
-def _jacobi_child(lib_path, A, tol, max_sweeps, device_smem, seed):
-    lib = ctypes.CDLL(lib_path)
-    lib.emu_last_error.restype = ctypes.c_char_p
-    lib.emu_configure(ctypes.c_int64(device_smem), ctypes.c_uint64(seed))
-    batch, n, _ = A.shape
-    scalar = ctypes.c_float if A.dtype == np.float32 else ctypes.c_double
-    fn = getattr(lib, "emu_eigh_" + ("f32" if A.dtype == np.float32 else "f64"))
-    w = np.empty((batch, n), A.dtype)
-    V = np.empty((batch, n, n), A.dtype)
-    info = np.empty(batch, np.int32)
-    ws = ctypes.c_int64(-1)
-    rc = fn(_ptr(A), _ptr(w), _ptr(V), _ptr(info), ctypes.c_int64(batch), ctypes.c_int(n), scalar(tol),
-            ctypes.c_int(max_sweeps), ctypes.byref(ws))
-    return rc, lib.emu_last_error().decode(), w, V, info, ws.value
-
-
-def jacobi(lib, A, *, seed, tol=None, max_sweeps=50, device_smem=H100_SMEM):
-    A = np.ascontiguousarray(A)
-    tol = float(np.finfo(A.dtype).eps) / math.sqrt(A.shape[-1]) if tol is None else tol  # native.eigh_tol
-    rc, err, w, V, info, ws = _isolated(_jacobi_child, lib, A, tol, max_sweeps, device_smem, seed)
-    return rc, err, w, V, info, ws
-
-
-def _preimage_child(lib_path, Z0, B, T, lr, gamma, steps, device_smem, seed):
-    lib = ctypes.CDLL(lib_path)
-    lib.emu_last_error.restype = ctypes.c_char_p
-    lib.emu_configure(ctypes.c_int64(device_smem), ctypes.c_uint64(seed))
-    scalar = ctypes.c_float if Z0.dtype == np.float32 else ctypes.c_double
-    fn = getattr(lib, "emu_preimage_gd_" + ("f32" if Z0.dtype == np.float32 else "f64"))
-    out = np.full(Z0.shape, np.nan, Z0.dtype)
-    points = ctypes.c_int(-1)
-    rc = fn(_ptr(Z0), _ptr(B), _ptr(T), _ptr(lr), _ptr(out), ctypes.c_int64(Z0.shape[0]),
-            ctypes.c_int64(B.shape[0]), ctypes.c_int64(B.shape[1]), scalar(gamma), ctypes.c_int64(steps),
-            ctypes.byref(points))
-    return rc, lib.emu_last_error().decode(), out, points.value
-
-
-def preimage(lib, Z0, B, T, lr, gamma, steps, *, seed, device_smem=H100_SMEM):
-    arrays = [np.ascontiguousarray(x) for x in (Z0, B, T, lr)]
-    return _isolated(_preimage_child, lib, *arrays, gamma, steps, device_smem, seed)
 
 
 # -------------------------------------------------------------------------------- Jacobi eigh
@@ -250,14 +134,6 @@ def test_jacobi_n257_workspace(emu_lib, rng, seed, dtype):
 
 
 
-def _smem_bytes(P, S, D, itemsize):
-    """preimage.cu smem_elems: Z (P x Dp) and W (P x Sp) with rows padded to KT = P, the B tile
-    (4096 / P rows of KT + one 16-byte vector), |b|^2, 3 per-point values, 256 of scratch."""
-    up = lambda x: -(-x // P) * P  # noqa: E731
-    vw = 16 // itemsize
-    return (P * (up(D) + up(S)) + (4096 // P) * (P + vw) + S + 3 * P + 256) * itemsize
-
-
 def _check_preimage(emu_lib, shape, dtype, seed, steps_list=(0, 1, 25), device_smem=H100_SMEM,
                     points_expected=None):
     tdt = torch.float32 if dtype == np.float32 else torch.float64
@@ -276,15 +152,8 @@ def _check_preimage(emu_lib, shape, dtype, seed, steps_list=(0, 1, 25), device_s
                                             f"{rel:.3e} > {PREIMAGE_TOL[dtype]:.0e} (seed {seed})")
 
 
-# Every b in {1, 7, 33}, S in {1, 7, 33} and D in {1, 7, 33, 70} appears; 33 and 70 are not
-# multiples of the 32-wide tiles and 33 points leave a partly empty block.
-PREIMAGE_SHAPES = [(1, 1, 1), (7, 7, 33), (7, 33, 1), (33, 1, 7), (33, 33, 7), (33, 7, 70)]
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("shape", PREIMAGE_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
-def test_preimage_matches_float64_reference(emu_lib, seed, shape, dtype):
-    _check_preimage(emu_lib, shape, dtype, seed, points_expected=32)
+# The kernel against the float64 reference at the H100's shared memory: the pre-image oracle
+# table (tests/geomkern/test_preimage.py, entry cuda-emulated); here the launch shapes.
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
@@ -299,13 +168,13 @@ def test_preimage_several_column_chunks(emu_lib, seed, dtype):
 def test_preimage_smaller_tiles(emu_lib, seed, points, dtype):
     """Less shared memory: 16 and 8 points per block (the P = 16 / 8 kernels)."""
     shape = (20, 40, 50)
-    smem = _smem_bytes(points, 40, 50, np.dtype(dtype).itemsize)
+    smem = preimage_smem_bytes(points, 40, 50, np.dtype(dtype).itemsize)
     _check_preimage(emu_lib, shape, dtype, seed, steps_list=(3,), device_smem=smem, points_expected=points)
 
 
 def test_preimage_too_large_for_shared_memory(emu_lib, seed):
     Z0, B, T, gamma = (x.numpy() if hasattr(x, "numpy") else x for x in preimage_problem(2, 40, 50, seed))
     lr = np.full(2, 0.1)
-    smem = _smem_bytes(8, 40, 50, 8) - 8
+    smem = preimage_smem_bytes(8, 40, 50, 8) - 8
     rc, _, out, points = preimage(emu_lib, Z0, B, T, lr, gamma, 3, seed=seed, device_smem=smem)
     assert points == 0 and rc == CUDA_ERROR_INVALID_VALUE
