@@ -262,7 +262,9 @@ def main() -> int:
     junit = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-session-junit-{os.getpid()}"
     junit.mkdir(parents=True, exist_ok=True)
     if DRY:
-        runs = [("tests/geomkern/test_triton.py", ["-k", "rbf_gram or rbf_matmul or offset"], 240)]
+        # the rbf oracle tables' Triton entry and test_triton.py's offset-cloud / split-Y cases
+        runs = [("tests/geomkern/test_rbf.py", ["tests/geomkern/test_triton.py",
+                                                 "-k", "triton-cpu or offset_cloud or split_over_y"], 240)]
         tenv = {"TRITON_INTERPRET": "1"}
     else:
         # -v: every test's id and outcome reaches session.log as it runs, so a file cut short

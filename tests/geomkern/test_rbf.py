@@ -1,6 +1,8 @@
 """rbf_gram, rbf_matmul, median_gamma against sklearn / scipy / numpy oracles."""
 from __future__ import annotations
 
+import importlib.util
+import secrets
 import subprocess
 import sys
 
@@ -14,7 +16,8 @@ from sklearn.metrics.pairwise import rbf_kernel
 
 import geomkern as gk
 import geomkern.ops.rbf as rbf_mod
-from conftest import DEVICES, FLOATS, HALF_TOL, SIZES, TOL, assert_close_rel, backends_for
+from geomkern.backends import native
+from conftest import DEVICES, FLOATS, HALF_TOL, SIZES, TOL, assert_close_rel
 
 sizes = st.sampled_from(SIZES)
 dims = st.sampled_from((1, 3, 16))
@@ -34,47 +37,192 @@ def _np(t):
     return t.detach().cpu().double().numpy()
 
 
-@pytest.mark.parametrize("backend", backends_for("rbf_gram"), indirect=True)
-@settings(max_examples=20)
-@given(n=sizes, m=sizes, D=dims, dtype=st.sampled_from(FLOATS), seed=seeds)
-def test_rbf_gram_cross_matches_sklearn(n, m, D, dtype, seed, backend):
+# ------------------------------------------------- the oracle table: every backend, one problem set
+# rbf_gram (symmetric, centred, cross) on every backend that has it here, on the same rounded
+# inputs, against sklearn's float64 rbf_kernel (H K H for the centred Gram). Fresh seed per case.
+# "unit": N(0, 1) rows, gamma = [0.1, 3] / 2D; "scaled": 3 N(0, 1), gamma / 9 (the symmetric
+# test's); "offset": N(0, 1) + 3 rows, gamma = 0.7 / D (the native test's: the kernels compute
+# after a common shift, so the offset must not cost digits).
+# Tolerance: TOL (1e-5 float32, 1e-10 float64) everywhere; float16 / bfloat16 (Triton only) HALF_TOL;
+# the centred Gram cancels up to |K| / |HKH| digits, so the public op's (reference, native) bound is
+# TOL * max(1, |K| / |HKH|), Triton's kernel keeps its plain TOL.
+GRAM_SYMMETRIC = ([("unit", n, n, D) for n in SIZES for D in (1, 3, 16)]
+                  + [("scaled", n, n, D) for n in SIZES for D in (1, 3, 16)]
+                  + [("unit", n, n, 3 if n == 257 else 10) for n in SIZES]
+                  + [("offset", n, n, D) for n, D in ((1, 1), (5, 2), (129, 3), (300, 33), (1100, 5))])
+GRAM_CROSS = ([("unit", n, m, D) for n in SIZES for m in SIZES for D in (1, 3, 16)]
+              + [("unit", n, m, D) for n, m, D in ((1, 1, 1), (7, 33, 3), (33, 7, 17), (257, 5, 40))]
+              + [("offset", n, m, D) for n, m, D in ((1, 1, 1), (5, 3, 2), (129, 1025, 3), (300, 7, 33),
+                                                     (1100, 1031, 5))])
+GRAM_ROWS = ([pytest.param("symmetric", *r, id="sym-%s-n%d-m%d-D%d" % r) for r in dict.fromkeys(GRAM_SYMMETRIC)]
+             + [pytest.param("centred", *r, id="centred-%s-n%d-m%d-D%d" % r)
+                for r in dict.fromkeys(GRAM_SYMMETRIC)]
+             + [pytest.param("cross", *r, id="cross-%s-n%d-m%d-D%d" % r) for r in dict.fromkeys(GRAM_CROSS)])
+ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def _gram_inputs(data, n, m, D, seed):
+    """(X, Y, gamma) in float64: the rows every backend gets (rounded to its dtype)."""
     gen = torch.Generator().manual_seed(seed)
-    X, Y, g = _points(n, D, gen, dtype), _points(m, D, gen, dtype), _gamma(D, gen)
-    K = gk.rbf_gram(X, Y, gamma=g)
-    assert K.shape == (n, m) and K.dtype == dtype
-    assert_close_rel(K, rbf_kernel(_np(X), _np(Y), gamma=g), TOL[dtype], "rbf_gram(X, Y)")
+    scale, shift = {"unit": (1.0, 0.0), "scaled": (3.0, 0.0), "offset": (1.0, 3.0)}[data]
+    X = torch.randn(n, D, generator=gen, dtype=torch.float64) * scale + shift
+    Y = torch.randn(m, D, generator=gen, dtype=torch.float64) * scale + shift
+    g = 0.7 / D if data == "offset" else _gamma(D, gen) / (9.0 if data == "scaled" else 1.0)
+    return X, Y, g
 
 
-@pytest.mark.parametrize("backend", backends_for("rbf_gram"), indirect=True)
-@settings(max_examples=20)
-@given(n=sizes, D=dims, dtype=st.sampled_from(FLOATS), seed=seeds)
-def test_rbf_gram_symmetric_unit_diag_matches_sklearn(n, D, dtype, seed, backend):
-    gen = torch.Generator().manual_seed(seed)
-    X, g = _points(n, D, gen, dtype, scale=3.0), _gamma(D, gen) / 9.0
-    K = gk.rbf_gram(X, gamma=g)
-    assert K.dtype == dtype
-    assert torch.equal(K.diagonal(), torch.ones(n, dtype=dtype)), "diagonal is not exactly 1"
-    assert torch.equal(K, K.T), "symmetric Gram is not exactly symmetric"
-    assert_close_rel(K, rbf_kernel(_np(X), gamma=g), TOL[dtype], "rbf_gram(X)")
+def _triton_gram(device, X, Y, g, center):
+    """Triton's rbf_gram with every buffer its launcher allocates poisoned (NaN); picklable, so
+    it runs in the interpreter worker for CPU tensors."""
+    from geomkern.backends.triton import _common
+    from geomkern.backends.triton import rbf as trbf
+
+    orig = _common.empty
+    _common.empty = lambda shape, dtype, dev: orig(shape, dtype, dev).fill_(float("nan"))
+    try:
+        out = trbf.rbf_gram(X.to(device), None if Y is None else Y.to(device), g, center, "ieee")
+        return out.cpu()
+    finally:
+        _common.empty = orig
 
 
-@pytest.mark.parametrize("backend", backends_for("rbf_gram"), indirect=True)
-@settings(max_examples=20)
-@given(n=sizes, D=dims, dtype=st.sampled_from(FLOATS), seed=seeds)
-def test_rbf_gram_center_is_HKH(n, D, dtype, seed, backend):
-    gen = torch.Generator().manual_seed(seed)
-    X, g = _points(n, D, gen, dtype), _gamma(D, gen)
-    Kc = gk.rbf_gram(X, gamma=g, center=True)
-    K = rbf_kernel(_np(X), gamma=g)
-    H = np.eye(n) - np.full((n, n), 1.0 / n)
-    ref = H @ K @ H
-    if n == 1:  # the centred 1x1 Gram is exactly 0
-        assert float(Kc.abs().max()) <= TOL[dtype]
+def _gram_entries():
+    native_gram = "native" in gk.available_backends() and "native" in gk.registered_ops().get("rbf_gram", ())
+    no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                   reason="triton is not importable here: pip install triton")
+    return [pytest.param("reference", id="reference"),
+            pytest.param("native", id="native", marks=pytest.mark.skipif(
+                not native_gram, reason="geomkern._C (native CPU kernels) is not built")),
+            pytest.param("triton-cpu", id="triton-cpu", marks=no_triton),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[no_triton, pytest.mark.gpu])]
+
+
+@pytest.mark.parametrize("entry", _gram_entries())
+@pytest.mark.parametrize("kind,data,n,m,D", GRAM_ROWS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_rbf_gram_matches_float64_on_every_backend(entry, kind, data, n, m, D, dtype, request):
+    """Shape and dtype; the symmetric Gram exactly symmetric with a unit diagonal; the centred one
+    exactly symmetric from Triton's kernel, with columns summing to 0 from the public op; values
+    within the bound of the oracle."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    if half and not entry.startswith("triton"):
+        pytest.skip("half inputs through the public op: test_rbf_gram_half_inputs_return_half")
+    if entry == "triton-cpu" and dtype == torch.bfloat16:
+        pytest.skip("bfloat16 tl.dot is wrong in the Triton interpreter: GPU only")
+    if entry == "triton-cpu" and max(n, m) > 257:
+        pytest.skip("over 257 rows takes Triton's interpreter too long: GPU only")
+    if entry == "triton-cpu" and n * m > 257 * 5 and dtype != torch.float32:
+        pytest.skip("over 257 x 5 entries runs in float32 only in the interpreter (time); all dtypes on GPU")
+    seed = secrets.randbits(31)
+    X, Y, g = _gram_inputs(data, n, m, D, seed)
+    # the native kernel's (offset) rows keep their oracle on the unrounded float64 inputs (float32 /
+    # float64, as that test ran them); elsewhere the oracle sees the rounded inputs
+    exact = data == "offset" and dtype in FLOATS
+    X64 = X if exact else X.to(dtype).double()
+    Y64 = None if kind != "cross" else Y if exact else Y.to(dtype).double()
+    X, Y = X.to(dtype), (Y.to(dtype) if kind == "cross" else None)
+    center = kind == "centred"
+    if entry.startswith("triton"):
+        K = request.getfixturevalue("triton_run")(_triton_gram, "cuda" if entry == "triton-cuda" else "cpu",
+                                                  X, Y, g, center)
     else:
-        # The centring cancels up to |K| / |HKH| digits; the oracle's own scale is the bound's.
-        assert_close_rel(Kc, ref, TOL[dtype] * max(1.0, np.linalg.norm(K) / np.linalg.norm(ref)),
-                         "rbf_gram(X, center=True)")
-    assert_close_rel(Kc.sum(0), np.zeros(n), TOL[dtype] * np.linalg.norm(K), "column sums of HKH")
+        with gk.set_backend(entry):
+            K = gk.rbf_gram(X, Y, gamma=g, center=center)
+    where = f"{entry} seed={seed} {kind} {data} n={n} m={m} D={D} {dtype}"
+    Kx = rbf_kernel(X64.numpy(), None if Y64 is None else Y64.numpy(), gamma=g)
+    assert K.shape == Kx.shape and K.dtype == dtype, where
+    tol = HALF_TOL[dtype] if half else TOL[dtype]
+    if kind == "cross":
+        assert_close_rel(K, Kx, tol, where)
+        return
+    if kind == "symmetric" or entry.startswith("triton"):  # the public op's H K H: symmetric to rounding
+        assert torch.equal(K, K.T), f"{where}: the symmetric Gram is not exactly symmetric"
+    if kind == "symmetric":
+        assert torch.equal(K.diagonal(), torch.ones(n, dtype=dtype)), f"{where}: diagonal is not exactly 1"
+        assert_close_rel(K, Kx, tol, where)
+        return
+    H = np.eye(n) - np.full((n, n), 1.0 / n)
+    ref = H @ Kx @ H
+    if n == 1:  # the centred 1x1 Gram is exactly 0
+        assert float(K.abs().max()) <= tol, where
+    elif entry.startswith("triton"):
+        assert_close_rel(K, ref, tol, where)
+    else:
+        assert_close_rel(K, ref, tol * max(1.0, np.linalg.norm(Kx) / np.linalg.norm(ref)), where)
+    if not entry.startswith("triton"):
+        assert_close_rel(K.sum(0), np.zeros(n), tol * np.linalg.norm(Kx), f"{where}: column sums")
+
+
+# rbf_matmul (K(X, Y) @ V) on every backend that has it here, the same way. "positive": V >= 0, so
+# K @ V is free of cancellation and the norm-wise TOL is the op's accuracy (rows: every size pair
+# of SIZES, D in {1, 3, 16}, p in {1, 5}; and the native kernel's tiles of 128 rows and 1,024
+# columns around every edge, Y shifted by 0.5, gamma = 0.7 / D). "signed": V ~ N(0, 1) mixes
+# signs, so every entry is bounded by TOL * (K(X, Y) @ |V|) instead (the Triton tests' rows:
+# D = 200 > 128 streams X in chunks).
+MATMUL_ROWS = ([("positive", n, m, D, p) for n in SIZES for m in SIZES for D in (1, 3, 16) for p in (1, 5)]
+               + [("positive-shifted", n, m, D, p) for n, m, D, p in
+                  ((1, 1, 1, 1), (129, 7, 3, 5), (127, 1025, 17, 1), (257, 1031, 5, 2), (300, 64, 33, 5))]
+               + [("signed", n, m, D, p) for n, m, p, D in
+                  ((1, 1, 1, 1), (7, 33, 3, 5), (33, 7, 17, 200), (257, 40, 2, 9))])
+
+
+def _triton_matmul(device, X, Y, V, g):
+    """Triton's rbf_matmul with its launcher's buffers poisoned (NaN); picklable (interpreter worker)."""
+    from geomkern.backends.triton import _common
+    from geomkern.backends.triton import rbf as trbf
+
+    orig = _common.empty
+    _common.empty = lambda shape, dtype, dev: orig(shape, dtype, dev).fill_(float("nan"))
+    try:
+        return trbf.rbf_matmul(X.to(device), Y.to(device), V.to(device), g, "ieee").cpu()
+    finally:
+        _common.empty = orig
+
+
+def _matmul_entries():
+    native_mm = "native" in gk.available_backends() and "native" in gk.registered_ops().get("rbf_matmul", ())
+    no_native = pytest.mark.skipif(not native_mm, reason="geomkern._C (native CPU kernels) is not built")
+    no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                   reason="triton is not importable here: pip install triton")
+    return [pytest.param("reference", id="reference"),
+            pytest.param("native", id="native", marks=no_native),
+            pytest.param("native-direct", id="native-direct", marks=no_native),
+            pytest.param("triton-cpu", id="triton-cpu", marks=no_triton),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[no_triton, pytest.mark.gpu])]
+
+
+@pytest.mark.parametrize("entry", _matmul_entries())
+@pytest.mark.parametrize("data,n,m,D,p", [pytest.param(*r, id="%s-n%d-m%d-D%d-p%d" % r) for r in MATMUL_ROWS])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_rbf_matmul_matches_float64_on_every_backend(entry, data, n, m, D, p, dtype, request):
+    if entry == "triton-cpu" and (n * m > 257 * 257 or (dtype != torch.float32 and n * m > 257 * 40)):
+        pytest.skip("too large for Triton's interpreter in this dtype (time): GPU only")
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, D, generator=gen, dtype=torch.float64)
+    Y = torch.randn(m, D, generator=gen, dtype=torch.float64) + (0.5 if data == "positive-shifted" else 0.0)
+    V = (torch.randn if data == "signed" else torch.rand)(m, p, generator=gen, dtype=torch.float64)
+    g = 0.7 / D if data == "positive-shifted" else _gamma(D, gen)
+    # the native kernel's rows keep their oracle on the unrounded float64 inputs (stricter in float32)
+    X64, Y64 = (X, Y) if data == "positive-shifted" else (X.to(dtype).double(), Y.to(dtype).double())
+    X, Y, V = X.to(dtype), Y.to(dtype), V.to(dtype)
+    if entry.startswith("triton"):
+        out = request.getfixturevalue("triton_run")(_triton_matmul, "cuda" if entry == "triton-cuda" else "cpu",
+                                                    X, Y, V, g)
+    elif entry == "native-direct":
+        out = native._C.rbf_matmul(X, Y, V, g)
+    else:
+        with gk.set_backend(entry):
+            out = gk.rbf_matmul(X, Y, V, gamma=g)
+    where = f"{entry} seed={seed} {data} n={n} m={m} D={D} p={p} {dtype}"
+    assert out.shape == (n, p) and out.dtype == dtype, where
+    K = rbf_kernel(X64.numpy(), Y64.numpy(), gamma=g)
+    if data != "signed":
+        assert_close_rel(out, K @ _np(V), TOL[dtype], where)
+        return
+    err = np.abs(_np(out) - K @ _np(V))
+    scale = np.maximum(K @ np.abs(_np(V)), 1e-300)
+    assert (err <= TOL[dtype] * scale).all(), f"{where}: off by {float((err / scale).max()):.3e} of K |V|"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -104,20 +252,6 @@ def test_rbf_gram_on_device(device, gen):
     K = gk.rbf_gram(X.to(device), Y.to(device), gamma=0.2)
     assert K.device.type == device
     assert_close_rel(K, rbf_kernel(_np(X), _np(Y), gamma=0.2), TOL[torch.float64])
-
-
-@pytest.mark.parametrize("backend", backends_for("rbf_matmul"), indirect=True)
-@settings(max_examples=20)
-@given(n=sizes, m=sizes, D=dims, p=st.sampled_from((1, 5)), dtype=st.sampled_from(FLOATS),
-       seed=seeds)
-def test_rbf_matmul_matches_sklearn(n, m, D, p, dtype, seed, backend):
-    gen = torch.Generator().manual_seed(seed)
-    X, Y, g = _points(n, D, gen, dtype), _points(m, D, gen, dtype), _gamma(D, gen)
-    # V >= 0 keeps K @ V free of cancellation, so the norm-wise bound is the op's accuracy.
-    V = torch.rand(m, p, generator=gen, dtype=torch.float64).to(dtype)
-    out = gk.rbf_matmul(X, Y, V, gamma=g)
-    assert out.shape == (n, p) and out.dtype == dtype
-    assert_close_rel(out, rbf_kernel(_np(X), _np(Y), gamma=g) @ _np(V), TOL[dtype], "rbf_matmul")
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
