@@ -9,6 +9,9 @@ Eigenvalues (Weyl: error <= |dKc|) need no such guard and are also checked on de
 """
 from __future__ import annotations
 
+import importlib.util
+import secrets
+
 import numpy as np
 import pytest
 import torch
@@ -199,6 +202,68 @@ def test_project_onto_basis_matches_numpy_and_sklearn(d, sizes, S, D, solver, dt
         assert_transform_close(centred, kp.transform(B64), B64, Xj, scaled, g,
                                vector_tol(Xj, g, d, dtype, solver),
                                f"cluster {j} beta - mean_projection")
+
+
+# ---------------------------------------- projection: one oracle table over every backend
+# project_onto_basis's kernel (betas[j] = alphas[rows of j]^T K(X[rows of j], B)) on every backend
+# that has it, on the same rounded inputs (alphas of both signs, an empty segment among them),
+# against kpca.projection_reference in float64. betas sum terms of both signs, so each entry is
+# bounded by TOL * (|alphas|^T K): the bound the Triton tests had. (The public op on a real fit,
+# against numpy and sklearn: test_project_onto_basis_matches_numpy_and_sklearn above.)
+# (sizes, S, d), D = 7: one point; an empty segment between two; more components than a tile; and
+# segments of 300 and 260 rows (several 128-row tiles: Triton splits a segment's row tiles over
+# programs and sums the partials).
+PROJECTION_ROWS = [([1], 1, 1), ([7, 0, 33], 17, 3), ([0, 70, 5], 40, 20), ([300, 0, 260], 20, 3)]
+
+
+def _triton_projection(device, X, alphas, off, B, g):
+    """Triton's project_onto_basis with its launcher's buffers poisoned (NaN); picklable."""
+    from geomkern.backends.triton import _common
+    from geomkern.backends.triton import kpca as tkpca
+
+    orig = _common.empty
+    _common.empty = lambda shape, dtype, dev: orig(shape, dtype, dev).fill_(float("nan"))
+    try:
+        return tkpca.project_onto_basis(X.to(device), alphas.to(device), off.to(device), B.to(device), g).cpu()
+    finally:
+        _common.empty = orig
+
+
+def _projection_entries():
+    no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                   reason="triton is not importable here: pip install triton")
+    return [pytest.param("reference", id="reference"),
+            pytest.param("triton-cpu", id="triton-cpu", marks=no_triton),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[no_triton, pytest.mark.gpu])]
+
+
+@pytest.mark.parametrize("entry", _projection_entries())
+@pytest.mark.parametrize("sizes,S,d", PROJECTION_ROWS, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_projection_matches_float64_on_every_backend(entry, sizes, S, d, dtype, request):
+    seed, D = secrets.randbits(31), 7
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(sum(sizes), D, generator=gen, dtype=torch.float64).to(dtype)
+    alphas = torch.randn(sum(sizes), d, generator=gen, dtype=torch.float64).to(dtype)
+    B = torch.randn(S, D, generator=gen, dtype=torch.float64).to(dtype)
+    off = offsets_from_sizes(sizes)
+    g = float(0.2 + 1.8 * torch.rand((), generator=gen, dtype=torch.float64)) / (2.0 * D)
+    if entry == "reference":
+        betas = kpca_mod.projection_reference(X, alphas, off, B, g)
+    else:
+        betas = request.getfixturevalue("triton_run")(
+            _triton_projection, "cuda" if entry == "triton-cuda" else "cpu", X, alphas, off, B, g)
+    where = f"{entry} seed={seed} sizes={sizes} S={S} d={d} {dtype}"
+    assert betas.shape == (len(sizes), d, S) and betas.dtype == dtype, where
+    args = (X.double(), alphas.double(), off, B.double(), g)
+    ref = kpca_mod.projection_reference(*args)
+    scale = kpca_mod.projection_reference(args[0], args[1].abs(), *args[2:])
+    err = (betas.double() - ref).abs()
+    assert bool((err <= TOL[dtype] * scale.clamp_min(1e-300)).all()), (
+        f"{where}: betas off by {float(err.max()):.3e} (|alpha| k scale {float(scale.max()):.3e})")
+    for j, n in enumerate(sizes):
+        if n == 0:
+            assert bool((betas[j] == 0).all()), f"{where}: empty segment {j} has non-zero betas"
 
 
 @pytest.mark.parametrize("solver", ["dense", "subspace", "matrix_free"])
