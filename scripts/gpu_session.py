@@ -308,8 +308,9 @@ def main() -> int:
     nxml = junit / "native.xml"
     native = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(nxml),
               "tests/geomkern/test_cuda_native.py"] + ([] if DRY else [
-                  # and the CUDA kernel's entry of the pre-image oracle table (it needs the build)
+                  # and the CUDA kernels' entries of the pre-image and eigh oracle tables (they need the build)
                   "tests/geomkern/test_preimage.py::test_preimage_kernels_match_float64_reference",
+                  "tests/geomkern/test_eigh.py::test_eigh_oracle_table",
                   "-k", "not triton", "-m", "gpu", "-v", "--tb=short", "--durations=15",
                   # pytest-timeout (in the GPU image): a test that hangs is stopped with its
                   # stack in the log, and the rest run (session 9's first call timed out the

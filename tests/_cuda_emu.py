@@ -116,6 +116,15 @@ def _jacobi_child(lib_path, A, tol, max_sweeps, device_smem, seed):
     return rc, lib.emu_last_error().decode(), w, V, info, ws.value
 
 
+def jacobi_smem(n):
+    """(matrix bytes, scratch bytes) of eigh.cu's Layout: double A and V^T, then c, s, t
+    per pair and the reduction buffer (double, min(threads, 128) slots), p, q per pair and the
+    permutation (int)."""
+    h = (n + (n & 1)) // 2
+    nt = 64 if n <= 16 else 128 if n <= 32 else 256 if n <= 48 else 512 if n <= 64 else 1024
+    return 16 * n * n, (3 * h + min(nt, 128)) * 8 + (2 * h + n) * 4
+
+
 def jacobi(lib, A, *, seed, tol=None, max_sweeps=50, device_smem=H100_SMEM):
     A = np.ascontiguousarray(A)
     tol = float(np.finfo(A.dtype).eps) / math.sqrt(A.shape[-1]) if tol is None else tol  # native.eigh_tol

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _cuda_emu import (CUDA_ERROR_INVALID_VALUE, H100_SMEM, UNAVAILABLE, jacobi, preimage,
+from _cuda_emu import (CUDA_ERROR_INVALID_VALUE, H100_SMEM, UNAVAILABLE, jacobi, jacobi_smem, preimage,
                        preimage_smem_bytes)
 from _eigh_oracle import check_eigh
 from _preimage_problem import preimage_problem
@@ -48,32 +48,11 @@ def _assert_ok(rc, err, info=None, max_sweeps=None):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("n,batch", [(1, 3), (2, 3), (7, 3), (33, 2), (64, 1), (80, 1)])
-def test_jacobi_matches_float64_oracle(emu_lib, rng, seed, n, batch, dtype):
-    A = _random_symmetric(rng, batch, n, dtype)
-    matrix, scratch = _jacobi_smem(n)
-    # exactly enough shared memory (H100's 227 KiB would do as well): the on-chip path
-    rc, err, w, V, info, ws = jacobi(emu_lib, A, seed=seed, device_smem=matrix + scratch)
-    _assert_ok(rc, err, info, max_sweeps=15)
-    assert ws == 0
-    check_eigh(A, w, V, EIGH_TOL[dtype], name=f"emulated jacobi n={n}")
-
-
-def _jacobi_smem(n):
-    """(matrix bytes, scratch bytes) of eigh.cu's Layout: double A and V^T, then c, s, t
-    per pair and the reduction buffer (double, min(threads, 128) slots), p, q per pair and the
-    permutation (int)."""
-    h = (n + (n & 1)) // 2
-    nt = 64 if n <= 16 else 128 if n <= 32 else 256 if n <= 48 else 512 if n <= 64 else 1024
-    return 16 * n * n, (3 * h + min(nt, 128)) * 8 + (2 * h + n) * 4
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("n", [9, 33])
 def test_jacobi_global_memory_path(emu_lib, rng, seed, n, dtype):
     """A device with 8 bytes too little shared memory for A and V: they live in the workspace."""
     A = _random_symmetric(rng, 2, n, dtype)
-    matrix, scratch = _jacobi_smem(n)
+    matrix, scratch = jacobi_smem(n)
     rc, err, w, V, info, ws = jacobi(emu_lib, A, seed=seed, device_smem=matrix + scratch - 8)
     _assert_ok(rc, err, info, max_sweeps=15)
     assert ws == 2 * 16 * n * n, ws

@@ -1,16 +1,15 @@
-"""class_moments / pool_moments against numpy.cov(bias=True); eigh against scipy.linalg.eigh."""
+"""class_moments / pool_moments against numpy.cov(bias=True) (eigh: tests/geomkern/test_eigh.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.linalg
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import geomkern as gk
 from geomkern import ggeur
-from conftest import DEVICES, FLOATS, SIZES, TOL, assert_close_rel, backends_for, match_signs
+from conftest import DEVICES, FLOATS, SIZES, TOL, assert_close_rel, backends_for
 
 seeds = st.integers(0, 2 ** 32 - 1)
 
@@ -157,112 +156,6 @@ def test_pool_moments_of_gk_class_moments(gen):
     assert torch.equal(pooled[0], union[0])
     assert_close_rel(pooled[1], union[1], TOL[torch.float64])
     assert_close_rel(pooled[2], union[2], TOL[torch.float64])
-
-
-# ----- eigh ------------------------------------------------------------------------------------
-
-def _sym_with_spectrum(batch, n, gen, dtype):
-    """Random symmetric matrices Q diag(w) Q^T with eigenvalues spaced >= 1/(2n) of the range."""
-    Q = torch.linalg.qr(torch.randn(*batch, n, n, generator=gen, dtype=torch.float64)).Q
-    base = torch.linspace(-1.0, 2.0, n, dtype=torch.float64)
-    w = base + (1.0 / (4 * max(n, 2))) * torch.rand(*batch, n, generator=gen, dtype=torch.float64)
-    A = (Q * w.unsqueeze(-2)) @ Q.transpose(-1, -2)
-    A = 0.5 * (A + A.transpose(-1, -2))
-    return A.to(dtype)
-
-
-@pytest.mark.parametrize("backend", backends_for("eigh"), indirect=True)
-@settings(max_examples=20)
-@given(n=st.sampled_from(SIZES), batch=st.sampled_from(((), (3,), (2, 2))),
-       k=st.sampled_from((None, 1, 3)), dtype=st.sampled_from(FLOATS), seed=seeds)
-def test_eigh_matches_scipy(n, batch, k, dtype, seed, backend):
-    gen = torch.Generator().manual_seed(seed)
-    k = None if k is None else min(k, n)
-    A = _sym_with_spectrum(batch, n, gen, dtype)
-    w, V = gk.eigh(A, k=k)
-    kk = n if k is None else k
-    assert w.shape == (*batch, kk) and V.shape == (*batch, n, kk) and w.dtype == dtype
-    assert bool((w[..., :-1] >= w[..., 1:]).all()), "eigenvalues not descending"
-    A64 = _np(A).reshape(-1, n, n)
-    W, VV = _np(w).reshape(-1, kk), _np(V).reshape(-1, n, kk)
-    for b in range(A64.shape[0]):
-        rw, rV = scipy.linalg.eigh(A64[b], subset_by_index=[n - kk, n - 1])
-        rw, rV = rw[::-1], rV[:, ::-1]
-        assert_close_rel(W[b], rw, TOL[dtype], f"eigenvalues[{b}]")
-        # A V = V diag(w) and V^T V = I (backward-stable quantities: no eigengap needed)
-        scale = 2.25  # |A|_2 = max |w| <= 2 + 1/(4n) by construction
-        resid = A64[b] @ VV[b] - VV[b] * W[b]
-        assert np.linalg.norm(resid) <= TOL[dtype] * scale * np.sqrt(kk), "A V != V diag(w)"
-        assert_close_rel(VV[b].T @ VV[b], np.eye(kk), TOL[dtype], "V^T V")
-        # eigenvectors up to sign (the spectrum is spaced; float32 vectors are only as accurate as
-        # eps / relative gap, so they are compared in float64 only)
-        if dtype == torch.float64:
-            s = match_signs(VV[b], rV)
-            assert_close_rel(VV[b] * s, rV, TOL[dtype], f"eigenvectors[{b}]")
-        # sign convention: each column's largest-|.| entry is positive
-        cols = np.arange(kk)
-        assert (VV[b][np.abs(VV[b]).argmax(0), cols] > 0).all()
-
-
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_eigh_rank_one(dtype, gen):
-    v = torch.randn(9, generator=gen, dtype=torch.float64)
-    A = torch.outer(v, v).to(dtype)
-    w, V = gk.eigh(A)
-    assert bool(torch.isfinite(w).all()) and bool(torch.isfinite(V).all())
-    assert_close_rel(w[0], float(v @ v), TOL[dtype])
-    assert float(w[1:].abs().max()) <= TOL[dtype] * float(v @ v)
-    u = _np(v) / np.linalg.norm(_np(v))
-    assert_close_rel(_np(V[:, 0]) * np.sign(_np(V[:, 0]) @ u), u, TOL[dtype])
-    assert_close_rel(_np(V).T @ _np(V), np.eye(9), TOL[dtype])
-    w2, V2 = gk.eigh(A, k=2)
-    assert_close_rel(w2, w[:2], TOL[dtype])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_eigh_on_device(device, gen):
-    A = _sym_with_spectrum((2,), 7, gen, torch.float64)
-    w, V = gk.eigh(A.to(device), k=3)
-    assert w.device.type == device and V.device.type == device
-    rw, rV = gk.eigh(A, k=3)
-    assert_close_rel(w, rw, TOL[torch.float64])
-    assert_close_rel(V, rV, TOL[torch.float64])
-
-
-def test_cupy_eigh_glue_with_a_numpy_stand_in(monkeypatch, gen):
-    """The CuPy path's DLPack round trip, ordering, truncation and sign convention, run on CPU
-    with NumPy standing in for CuPy (same from_dlpack / linalg.eigh API). The real CuPy run is
-    the GPU-marked test below."""
-    import contextlib
-    import types
-
-    import geomkern.backends.cupy as cupy_backend
-
-    fake = types.SimpleNamespace(from_dlpack=np.from_dlpack, linalg=types.SimpleNamespace(eigh=np.linalg.eigh),
-                                 cuda=types.SimpleNamespace(Device=lambda i: contextlib.nullcontext()))
-    monkeypatch.setattr(cupy_backend, "cupy", fake)
-    A = _sym_with_spectrum((3,), 11, gen, torch.float64)
-    w, V = cupy_backend.eigh(A, 4)
-    rw, rV = gk.eigh(A, k=4)
-    assert w.shape == (3, 4) and V.shape == (3, 11, 4)
-    assert_close_rel(w, rw, TOL[torch.float64])
-    assert_close_rel(V, rV, TOL[torch.float64])  # same sign convention, so no sign matching
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", FLOATS)
-def test_cupy_eigh_on_cuda_matches_reference(dtype, gen):
-    if "cupy" not in gk.available_backends():
-        pytest.skip("cupy is not importable here: pip install cupy-cuda12x")
-    A = _sym_with_spectrum((5,), 40, gen, dtype)
-    with gk.set_backend("cupy"):
-        assert gk._dispatch.resolve("eigh", "cuda") == "cupy"
-        w, V = gk.eigh(A.cuda(), k=6)
-    rw, rV = gk.eigh(A.double(), k=6)
-    assert_close_rel(w.cpu().double(), rw, TOL[dtype])
-    if dtype == torch.float64:
-        assert_close_rel(V.cpu(), rV, TOL[dtype])
 
 
 def test_pool_moments_refuses_what_class_statistics_refuse():
