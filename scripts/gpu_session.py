@@ -80,7 +80,7 @@ HEADLINE = ["gram 4096^2", "gram cross", "preimage gd 50000 x S512 x D512", "pro
 # Dry run: the compile-only report on a few cases keeps it to about a minute on two cores.
 DRY_CASES = ["gram 4096^2", "projection", "rbf_matmul 20000 x 20000 x D64"]
 GPU_TESTS = [f"tests/geomkern/test_{m}.py" for m in
-             ("triton", "precision", "rbf", "kpca", "preimage", "moments", "kmeans", "dispatch", "validate")]
+             ("triton", "precision", "rbf", "kpca", "preimage", "moments", "eigh", "kmeans", "dispatch", "validate")]
 
 
 def now() -> float:
