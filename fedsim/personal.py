@@ -116,16 +116,18 @@ def _init_seed(seed: int, cid: int) -> int:
 
 
 def _train(algo, ctx: ClientContext, cfg, gen) -> ClientUpdate:
-    """FedRep's schedule: the head alone, then everything else with the head frozen."""
+    """The algorithm's phases for this round (PersonalAlgorithm.phases; by default FedRep's
+    schedule: the head alone, then everything else with the head frozen), each phase training its
+    modules with the others frozen."""
     model = ctx.model
-    head = {id(p) for p in model.head.parameters()}
-    for train_head, epochs in ((True, algo.hp["head_epochs"]), (False, cfg.local_epochs)):
-        if epochs <= 0:
+    for phase in algo.phases(ctx.round, cfg.local_epochs):
+        if phase.epochs <= 0:
             continue
+        train = {id(p) for m in phase.train for p in getattr(model, m).parameters()}
         for p in model.parameters():
-            p.requires_grad_((id(p) in head) == train_head)
-        # the last phase's update (its weights hold both phases' steps) is what the client reports
-        upd = local_train(algo, ctx, epochs=epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
+            p.requires_grad_(id(p) in train)
+        # the last phase's update (its weights hold every phase's steps) is what the client reports
+        upd = local_train(algo, ctx, epochs=phase.epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
                           weight_decay=cfg.weight_decay, generator=gen, optimizer=algo.hp["optimizer"])
     for p in model.parameters():
         p.requires_grad_(True)

@@ -4,7 +4,8 @@ The representation is everything below the head (``embed`` and ``body`` of Perso
 needs one input dimension: the clients are grouped by feature space and each group is its own
 federation ("FedRep restricted to the clients that share a feature space"). On homogeneous data
 there is one space and this is plain FedRep. Local schedule: ``head_epochs`` on the head, then
-``local_epochs`` on the representation (fedsim/algorithms/local.py).
+``local_epochs`` on the representation; or, with ``schedule = "personal-first"``, ``local_epochs -
+rep_epochs`` on the head, then ``rep_epochs`` on the representation (fedsim/algorithms/local.py).
 """
 from __future__ import annotations
 

@@ -31,6 +31,11 @@ barycentre when the covariances are fixed): the paper's anchors (presets/flic-pa
 Optional (``optimizer = "adam"``, default "sgd", PersonalAlgorithm's): Adam at the run's lr for the
 local steps and the alignment phase, as the paper trains every method.
 
+Optional (``schedule = "personal-first"``, default "fedrep", PersonalAlgorithm's): the official
+code's local schedule (Het_Update.py): ``local_epochs - rep_epochs`` epochs on phi_i and the head,
+then ``rep_epochs`` on the representation alone, which does not train at all before round
+``rep_start_round`` (0-based; the official ``start_optimize_rep = 20`` trains it from round 21).
+
 Optional (``max_grad_norm`` > 0, default 0 = off): each local step's gradient is rescaled to at most
 that norm, and the rescaled steps are counted (``clipped_steps`` in results.json): what keeps FLIC
 from diverging at lr 0.2 on wordnet:mixed (docs/flic.md).

@@ -2,15 +2,36 @@
 
 A personalised algorithm runs on the personalised path (fedsim/personal.py): each client owns a
 ``PersonalNet`` (embedding phi_i: its own D_i -> d, representation d -> h, head h -> C) and the
-algorithm says which of its parameters are shared (``shares``) and with whom (``group``). Local
-training follows FedRep's schedule for every personalised algorithm alike (matched compute):
-``head_epochs`` epochs on the head with the rest frozen, then ``local_epochs`` epochs on the rest
-with the head frozen. Evaluation is per client, on the client's own test split.
+algorithm says which of its parameters are shared (``shares``) and with whom (``group``). The
+algorithm also says how a client's round is split into phases (``phases``: which parts of
+PersonalNet train, for how many epochs). By default every personalised algorithm follows FedRep's
+schedule alike (matched compute): ``head_epochs`` epochs on the head with the rest frozen, then
+``local_epochs`` epochs on the rest with the head frozen. ``schedule = "personal-first"`` is the
+FLIC authors' code's (github.com/arakotom/flic, Het_Update.py, read only): the parts the algorithm
+does not share train first, then the shared ones alone. Evaluation is per client, on the client's
+own test split.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ._registry import register
 from .base import Algorithm
+
+PARTS = ("embed", "body", "head")  # PersonalNet's modules, the units a phase trains
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a client's local round: the PersonalNet modules that train (the others are
+    frozen) and for how many epochs."""
+    train: tuple[str, ...]
+    epochs: int
+
+
+def _count(name: str, key: str, v, lo: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}: {key} must be an integer >= {lo}, got {v!r}")
 
 
 class PersonalAlgorithm(Algorithm):
@@ -18,19 +39,50 @@ class PersonalAlgorithm(Algorithm):
     shared_prefixes: tuple[str, ...] = ()  # parameter-name prefixes of PersonalNet that are averaged
     # optimizer: the local optimiser, "sgd" (the run's lr and momentum) or "adam" (the run's lr;
     # the FLIC paper's choice for every method, presets/flic-paper.toml)
-    defaults = {"head_epochs": 1, "optimizer": "sgd"}
+    # schedule: "fedrep" (head_epochs on the head, then local_epochs on the rest) or "personal-first"
+    # (local_epochs - rep_epochs on the parts not shared, then rep_epochs on the shared parts alone;
+    # in the rounds before rep_start_round all local_epochs on the parts not shared, the shared ones
+    # frozen). head_epochs belongs to the first, rep_epochs and rep_start_round to the second.
+    defaults = {"head_epochs": 1, "optimizer": "sgd", "schedule": "fedrep", "rep_epochs": 1, "rep_start_round": 0}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)
-        h = self.hp["head_epochs"]
-        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-            raise ValueError(f"{self.name}: head_epochs must be an integer >= 0, got {h!r}")
+        _count(self.name, "head_epochs", self.hp["head_epochs"], 0)
         if self.hp["optimizer"] not in ("sgd", "adam"):
             raise ValueError(f"{self.name}: optimizer must be 'sgd' or 'adam', got {self.hp['optimizer']!r} "
                              f"(--set {self.name}.optimizer=adam)")
+        if self.hp["schedule"] not in ("fedrep", "personal-first"):
+            raise ValueError(f"{self.name}: schedule must be 'fedrep' or 'personal-first', got "
+                             f"{self.hp['schedule']!r} (--set {self.name}.schedule=personal-first)")
+        if self.hp["schedule"] == "personal-first" and not self.shared_prefixes:
+            raise ValueError(f"{self.name}: shares no parameters, so schedule='personal-first' would have no "
+                             "shared phase; keep schedule='fedrep'")
+        _count(self.name, "rep_epochs", self.hp["rep_epochs"], 1)
+        _count(self.name, "rep_start_round", self.hp["rep_start_round"], 0)
+        # a setting the chosen schedule ignores is a mistake, not a no-op
+        other = ("rep_epochs", "rep_start_round") if self.hp["schedule"] == "fedrep" else ("head_epochs",)
+        unused = sorted(set(other) & set(hparams))
+        if unused:
+            raise ValueError(f"{self.name}: {unused} do not apply to schedule={self.hp['schedule']!r}; drop them "
+                             f"or set {'schedule=personal-first' if self.hp['schedule'] == 'fedrep' else 'schedule=fedrep'}")
 
     def shares(self, key: str) -> bool:
         return bool(self.shared_prefixes) and key.startswith(self.shared_prefixes)
+
+    def phases(self, round: int, local_epochs: int) -> list[Phase]:
+        """The phases of a client's local update in round ``round`` (0-based), in order; a phase of
+        0 epochs is skipped. personal._train runs them, each through client.local_train."""
+        if self.hp["schedule"] == "fedrep":
+            return [Phase(("head",), self.hp["head_epochs"]), Phase(("embed", "body"), local_epochs)]
+        shared = tuple(m for m in PARTS if self.shares(m + "."))
+        own = tuple(m for m in PARTS if m not in shared)
+        rep = self.hp["rep_epochs"]
+        if rep > local_epochs:  # checked in every round, so round 0 already stops such a run
+            raise ValueError(f"{self.name}: rep_epochs ({rep}) must be at most the run's local_epochs "
+                             f"({local_epochs}); lower --set {self.name}.rep_epochs or raise --epochs")
+        if round < self.hp["rep_start_round"]:
+            return [Phase(own, local_epochs)]
+        return [Phase(own, local_epochs - rep), Phase(shared, rep)]
 
     def group(self, cid: int, space: str) -> str:
         """The federation a client belongs to: clients of one group average their shared parameters."""

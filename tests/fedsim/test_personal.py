@@ -12,6 +12,7 @@ import geomkern as gk
 from fedsim.algorithms import build_algorithm
 from fedsim.algorithms.base import ClientContext
 from fedsim.algorithms.flic import FLIC
+from fedsim.algorithms.local import Phase
 from fedsim.client import DivergedError
 from fedsim.data.dataset import ClientSplit, PersonalDataset
 from fedsim.data.toy import linear_mapping, load_toy, noisy_features
@@ -159,7 +160,9 @@ def test_resume_equals_uninterrupted(tmp_path):
     ds = linear_mapping(6, seed=0, n_spaces=3, n_train=24, n_test=30)
     # FedRep (per-space groups), FLIC (anchors: server state), FLIC drawing anchor samples (random streams)
     extra = MethodSpec("FLIC-ce", "flic", algorithm_params={"anchor_ce": 0.5, "align_epochs": 5})
-    for spec in _cfg().methods[1:] + [extra]:
+    # the official code's schedule, its representation starting to train after the resume point
+    first = MethodSpec("FLIC-pf", "flic", algorithm_params={"schedule": "personal-first", "rep_start_round": 2})
+    for spec in _cfg().methods[1:] + [extra, first]:
         a, b = tmp_path / f"a-{spec.name}", tmp_path / f"b-{spec.name}"
         straight, _ = run_personal_method(_cfg(rounds=3), spec, 0, ds, a, progress=False)
         run_personal_method(_cfg(rounds=1), spec, 0, ds, b, progress=False)
@@ -215,6 +218,68 @@ def test_bad_hyper_parameters_named():
             build_algorithm(name, **kw)
     with pytest.raises(ValueError, match="model='personal'"):
         run(_cfg(model="mlp", model_params={}), "/nonexistent/never-written", progress=False)
+
+
+def test_schedule_phases():
+    """FedRep's schedule by default; 'personal-first' trains what the algorithm does not share, then
+    the shared part alone, and only what it does not share before rep_start_round."""
+    assert build_algorithm("flic").phases(0, 10) == [Phase(("head",), 1), Phase(("embed", "body"), 10)]
+    assert build_algorithm("local", head_epochs=3).phases(7, 5) == [Phase(("head",), 3), Phase(("embed", "body"), 5)]
+    flic = build_algorithm("flic", schedule="personal-first", rep_start_round=21)
+    assert flic.phases(20, 10) == [Phase(("embed", "head"), 10)]
+    assert flic.phases(21, 10) == [Phase(("embed", "head"), 9), Phase(("body",), 1)]
+    fedrep = build_algorithm("fedrep", schedule="personal-first", rep_epochs=2)
+    assert fedrep.phases(0, 10) == [Phase(("head",), 8), Phase(("embed", "body"), 2)]
+    assert build_algorithm("flic", schedule="personal-first", rep_epochs=3).phases(0, 3) == \
+        [Phase(("embed", "head"), 0), Phase(("body",), 3)]
+
+
+def test_schedule_runs_its_phases(monkeypatch, tmp_path):
+    """_train freezes exactly what each phase leaves out: the modules with gradients in every
+    local_train call, round by round; the shared part stays at its initial value while frozen."""
+    import fedsim.personal as personal
+    calls, orig = [], personal.local_train
+
+    def recording(algo, ctx, **kw):
+        trains = tuple(m for m in ("embed", "body", "head")
+                       if all(p.requires_grad for p in getattr(ctx.model, m).parameters()))
+        assert not any(p.requires_grad for m in {"embed", "body", "head"} - set(trains)
+                       for p in getattr(ctx.model, m).parameters())
+        calls.append((ctx.round, trains, kw["epochs"]))
+        return orig(algo, ctx, **kw)
+
+    monkeypatch.setattr(personal, "local_train", recording)
+    ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
+    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": "personal-first", "rep_start_round": 1,
+                                                        "rep_epochs": 1, "align_epochs": 2, "anchor_ce": 0.5})
+    run_personal_method(_cfg(rounds=1, local_epochs=3), spec, 0, ds, tmp_path / "one", progress=False)
+    assert calls and set(calls) == {(0, ("embed", "head"), 3)}
+    state = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=True)
+    with torch.random.fork_rng(devices=[]):  # client 0's initial model: the group's shared start
+        torch.manual_seed(personal._init_seed(0, 0))
+        init = PersonalNet(ds.clients[0].dim, ds.n_classes, embed_dim=4, embed_hidden=8, hidden=8).state_dict()
+    (shared,) = state["shared"].values()
+    for k, v in shared.items():  # the body never trained: only the average's round-off moves it
+        torch.testing.assert_close(v, init[k], rtol=1e-6, atol=1e-7)
+    calls.clear()
+    run_personal_method(_cfg(rounds=2, local_epochs=3), spec, 0, ds, tmp_path / "two", progress=False)
+    assert {c for c in calls if c[0] == 1} == {(1, ("embed", "head"), 2), (1, ("body",), 1)}
+
+
+def test_schedule_errors_name_the_setting(tmp_path):
+    for name, kw, word in (("flic", {"schedule": "official"}, "schedule must be"),
+                           ("local", {"schedule": "personal-first"}, "shares no parameters"),
+                           ("flic", {"schedule": "personal-first", "rep_epochs": 0}, "rep_epochs"),
+                           ("fedrep", {"schedule": "personal-first", "rep_start_round": -1}, "rep_start_round"),
+                           ("flic", {"schedule": "personal-first", "head_epochs": 2}, "head_epochs.*schedule=fedrep"),
+                           ("flic", {"rep_epochs": 2}, "rep_epochs.*schedule=personal-first")):
+        with pytest.raises(ValueError, match=word):
+            build_algorithm(name, **kw)
+    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": "personal-first", "rep_epochs": 4,
+                                                        "rep_start_round": 5})
+    ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
+    with pytest.raises(ValueError, match=r"rep_epochs \(4\) must be at most the run's local_epochs \(3\)"):
+        run_personal_method(_cfg(rounds=1, local_epochs=3), spec, 0, ds, tmp_path, progress=False)
 
 
 def test_fixed_anchors_move_only_their_means_and_adam_is_used(monkeypatch, tmp_path):
