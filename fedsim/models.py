@@ -111,13 +111,17 @@ class PersonalNet(nn.Module):
     """The personalised path's model (FLIC, FedRep, local; fedsim/personal.py): an embedding
     phi_i (``embed``: D_i -> embed_hidden -> embed_dim, a small MLP, the client's own), a
     representation (``body``: embed_dim -> hidden, ReLU) and a head (``head``: hidden -> C).
-    Features are phi_i(x), the point in the common space that FLIC aligns."""
+    Features are phi_i(x), the point in the common space that FLIC aligns. ``hidden = 0``: no
+    representation layer, the head reads phi_i(x) (the FLIC authors' "classif" model, FLIC-Class:
+    nothing but the anchors is shared)."""
 
     def __init__(self, dim: int, n_classes: int, *, embed_dim: int = 16, embed_hidden: int = 32, hidden: int = 32):
         super().__init__()
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
+            raise ValueError(f"model_params: hidden must be an integer >= 0 (0: no representation layer), got {hidden!r}")
         self.embed = nn.Sequential(nn.Linear(dim, embed_hidden), nn.ReLU(), nn.Linear(embed_hidden, embed_dim))
-        self.body = nn.Sequential(nn.Linear(embed_dim, hidden), nn.ReLU())
-        self.head = nn.Linear(hidden, n_classes)
+        self.body = nn.Sequential(nn.Linear(embed_dim, hidden), nn.ReLU()) if hidden else nn.Identity()
+        self.head = nn.Linear(hidden or embed_dim, n_classes)
 
     def forward(self, x):
         z = self.embed(x)

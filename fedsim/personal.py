@@ -120,7 +120,7 @@ def _train(algo, ctx: ClientContext, cfg, gen) -> ClientUpdate:
     schedule: the head alone, then everything else with the head frozen), each phase training its
     modules with the others frozen."""
     model = ctx.model
-    for phase in algo.phases(ctx.round, cfg.local_epochs):
+    for phase in algo.phases(ctx.round, cfg.local_epochs, model):
         if phase.epochs <= 0:
             continue
         train = {id(p) for m in phase.train for p in getattr(model, m).parameters()}

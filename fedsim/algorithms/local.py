@@ -42,7 +42,8 @@ class PersonalAlgorithm(Algorithm):
     # schedule: "fedrep" (head_epochs on the head, then local_epochs on the rest) or "personal-first"
     # (local_epochs - rep_epochs on the parts not shared, then rep_epochs on the shared parts alone;
     # in the rounds before rep_start_round all local_epochs on the parts not shared, the shared ones
-    # frozen). head_epochs belongs to the first, rep_epochs and rep_start_round to the second.
+    # frozen; with nothing shared, one phase on everything). head_epochs belongs to the first,
+    # rep_epochs and rep_start_round to the second.
     defaults = {"head_epochs": 1, "optimizer": "sgd", "schedule": "fedrep", "rep_epochs": 1, "rep_start_round": 0}
 
     def __init__(self, **hparams):
@@ -54,28 +55,33 @@ class PersonalAlgorithm(Algorithm):
         if self.hp["schedule"] not in ("fedrep", "personal-first"):
             raise ValueError(f"{self.name}: schedule must be 'fedrep' or 'personal-first', got "
                              f"{self.hp['schedule']!r} (--set {self.name}.schedule=personal-first)")
-        if self.hp["schedule"] == "personal-first" and not self.shared_prefixes:
-            raise ValueError(f"{self.name}: shares no parameters, so schedule='personal-first' would have no "
-                             "shared phase; keep schedule='fedrep'")
         _count(self.name, "rep_epochs", self.hp["rep_epochs"], 1)
         _count(self.name, "rep_start_round", self.hp["rep_start_round"], 0)
         # a setting the chosen schedule ignores is a mistake, not a no-op
         other = ("rep_epochs", "rep_start_round") if self.hp["schedule"] == "fedrep" else ("head_epochs",)
+        if not self.shared_prefixes:  # local: "personal-first" is one phase, nothing to time
+            other += ("rep_epochs", "rep_start_round")
         unused = sorted(set(other) & set(hparams))
         if unused:
-            raise ValueError(f"{self.name}: {unused} do not apply to schedule={self.hp['schedule']!r}; drop them "
+            raise ValueError(f"{self.name}: {unused} do not apply to schedule={self.hp['schedule']!r} here; drop them "
                              f"or set {'schedule=personal-first' if self.hp['schedule'] == 'fedrep' else 'schedule=fedrep'}")
 
     def shares(self, key: str) -> bool:
         return bool(self.shared_prefixes) and key.startswith(self.shared_prefixes)
 
-    def phases(self, round: int, local_epochs: int) -> list[Phase]:
-        """The phases of a client's local update in round ``round`` (0-based), in order; a phase of
-        0 epochs is skipped. personal._train runs them, each through client.local_train."""
+    def phases(self, round: int, local_epochs: int, model) -> list[Phase]:
+        """The phases of a client's local update of ``model`` (a PersonalNet) in round ``round``
+        (0-based), in order; a phase of 0 epochs is skipped. personal._train runs them, each
+        through client.local_train. Under "personal-first" a model with no shared parameter (local;
+        FLIC-Class, whose PersonalNet has no body) trains everything for all local_epochs, as the
+        official code's clients with no global layer do."""
         if self.hp["schedule"] == "fedrep":
             return [Phase(("head",), self.hp["head_epochs"]), Phase(("embed", "body"), local_epochs)]
-        shared = tuple(m for m in PARTS if self.shares(m + "."))
+        shared = tuple(m for m in PARTS if any(self.shares(f"{m}.{k}") for k, _ in
+                                               getattr(model, m).named_parameters()))
         own = tuple(m for m in PARTS if m not in shared)
+        if not shared:
+            return [Phase(own, local_epochs)]
         rep = self.hp["rep_epochs"]
         if rep > local_epochs:  # checked in every round, so round 0 already stops such a run
             raise ValueError(f"{self.name}: rep_epochs ({rep}) must be at most the run's local_epochs "

@@ -222,16 +222,21 @@ def test_bad_hyper_parameters_named():
 
 def test_schedule_phases():
     """FedRep's schedule by default; 'personal-first' trains what the algorithm does not share, then
-    the shared part alone, and only what it does not share before rep_start_round."""
-    assert build_algorithm("flic").phases(0, 10) == [Phase(("head",), 1), Phase(("embed", "body"), 10)]
-    assert build_algorithm("local", head_epochs=3).phases(7, 5) == [Phase(("head",), 3), Phase(("embed", "body"), 5)]
+    the shared part alone, and only what it does not share before rep_start_round; with nothing
+    shared (local, or no representation layer: hidden=0) one phase trains everything."""
+    net = PersonalNet(7, 5)
+    assert build_algorithm("flic").phases(0, 10, net) == [Phase(("head",), 1), Phase(("embed", "body"), 10)]
+    assert build_algorithm("local", head_epochs=3).phases(7, 5, net) == [Phase(("head",), 3), Phase(("embed", "body"), 5)]
     flic = build_algorithm("flic", schedule="personal-first", rep_start_round=21)
-    assert flic.phases(20, 10) == [Phase(("embed", "head"), 10)]
-    assert flic.phases(21, 10) == [Phase(("embed", "head"), 9), Phase(("body",), 1)]
+    assert flic.phases(20, 10, net) == [Phase(("embed", "head"), 10)]
+    assert flic.phases(21, 10, net) == [Phase(("embed", "head"), 9), Phase(("body",), 1)]
+    assert flic.phases(21, 10, PersonalNet(7, 5, hidden=0)) == [Phase(("embed", "body", "head"), 10)]
     fedrep = build_algorithm("fedrep", schedule="personal-first", rep_epochs=2)
-    assert fedrep.phases(0, 10) == [Phase(("head",), 8), Phase(("embed", "body"), 2)]
-    assert build_algorithm("flic", schedule="personal-first", rep_epochs=3).phases(0, 3) == \
+    assert fedrep.phases(0, 10, net) == [Phase(("head",), 8), Phase(("embed", "body"), 2)]
+    assert build_algorithm("flic", schedule="personal-first", rep_epochs=3).phases(0, 3, net) == \
         [Phase(("embed", "head"), 0), Phase(("body",), 3)]
+    assert build_algorithm("local", schedule="personal-first").phases(30, 10, net) == \
+        [Phase(("embed", "body", "head"), 10)]
 
 
 def test_schedule_runs_its_phases(monkeypatch, tmp_path):
@@ -266,9 +271,28 @@ def test_schedule_runs_its_phases(monkeypatch, tmp_path):
     assert {c for c in calls if c[0] == 1} == {(1, ("embed", "head"), 2), (1, ("body",), 1)}
 
 
+def test_flic_class_shares_only_the_anchors(tmp_path):
+    """hidden=0 (FLIC-Class): the head reads phi_i(x); FLIC then shares no weights, only the anchors,
+    which still move; the official schedule trains everything in one phase."""
+    net = PersonalNet(7, 5, embed_dim=4, hidden=0)
+    assert not any(k.startswith("body.") for k in net.state_dict()) and net.head.in_features == 4
+    ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
+    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": "personal-first", "anchor_ce": 0.5})
+    cfg = _cfg(rounds=2, model_params={"embed_dim": 4, "embed_hidden": 8, "hidden": 0})
+    res, _ = run_personal_method(cfg, spec, 0, ds, tmp_path, progress=False)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert state["shared"] == {"all": {}}
+    init = build_algorithm("flic")
+    init.setup(n_classes=ds.n_classes, embed_dim=4, seed=0, device="cpu")
+    assert not torch.equal(state["algorithm"]["anchor_means"], init.anchor_means)
+    assert res["bytes_up"] > 0
+    with pytest.raises(ValueError, match="hidden must be an integer >= 0"):
+        PersonalNet(7, 5, hidden=-1)
+
+
 def test_schedule_errors_name_the_setting(tmp_path):
     for name, kw, word in (("flic", {"schedule": "official"}, "schedule must be"),
-                           ("local", {"schedule": "personal-first"}, "shares no parameters"),
+                           ("local", {"schedule": "personal-first", "rep_epochs": 2}, "rep_epochs"),
                            ("flic", {"schedule": "personal-first", "rep_epochs": 0}, "rep_epochs"),
                            ("fedrep", {"schedule": "personal-first", "rep_start_round": -1}, "rep_start_round"),
                            ("flic", {"schedule": "personal-first", "head_epochs": 2}, "head_epochs.*schedule=fedrep"),
