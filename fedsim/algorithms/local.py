@@ -58,13 +58,14 @@ class PersonalAlgorithm(Algorithm):
         _count(self.name, "rep_epochs", self.hp["rep_epochs"], 1)
         _count(self.name, "rep_start_round", self.hp["rep_start_round"], 0)
         # a setting the chosen schedule ignores is a mistake, not a no-op
-        other = ("rep_epochs", "rep_start_round") if self.hp["schedule"] == "fedrep" else ("head_epochs",)
-        if not self.shared_prefixes:  # local: "personal-first" is one phase, nothing to time
-            other += ("rep_epochs", "rep_start_round")
-        unused = sorted(set(other) & set(hparams))
+        rep = sorted({"rep_epochs", "rep_start_round"} & set(hparams))
+        if rep and not self.shared_prefixes:
+            raise ValueError(f"{self.name}: shares nothing, so {rep} have no shared phase to time; drop them")
+        fedrep = self.hp["schedule"] == "fedrep"
+        unused = rep if fedrep else sorted({"head_epochs"} & set(hparams))
         if unused:
-            raise ValueError(f"{self.name}: {unused} do not apply to schedule={self.hp['schedule']!r} here; drop them "
-                             f"or set {'schedule=personal-first' if self.hp['schedule'] == 'fedrep' else 'schedule=fedrep'}")
+            raise ValueError(f"{self.name}: {unused} do not apply to schedule={self.hp['schedule']!r}; drop them "
+                             f"or set schedule={'personal-first' if fedrep else 'fedrep'}")
 
     def shares(self, key: str) -> bool:
         return bool(self.shared_prefixes) and key.startswith(self.shared_prefixes)
