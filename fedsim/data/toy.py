@@ -17,6 +17,10 @@ sharing a feature space" has something to share (the issue's baseline).
 Labels: every client holds all C classes (or ``classes_per_client`` of them, a seeded subset per
 client: label skew as in the official code's shards), drawn uniformly, ``n_train`` training and
 ``n_test`` test rows per client. Same seed, same everything (latent means, maps, dimensions, rows).
+``subsample=1`` then keeps a random share of each client's training rows, as the FLIC authors'
+toys do (github.com/arakotom/flic, Het_data.py, read only): with probability 1/2 a share uniform
+in [5 %, 100 %], otherwise uniform in [15 %, 35 %], the kept rows drawn with replacement; so the
+clients' sizes differ. Its own seeded stream: the other rows are the same with or without it.
 
 Every option is reachable from the CLI and TOML in the dataset's name (fedsim/data/spec.py), e.g.
 ``--dataset 'toy:linear-mapping?n_spaces=20&dims=3-99&n_classes=20&classes_per_client=2'``.
@@ -31,6 +35,13 @@ from .spec import parse, split
 
 DEFAULTS = {"n_classes": 5, "latent_dim": 8, "separation": 1.0, "n_train": 40, "n_test": 200,
             "dim_range": (10, 40), "noise": 1.0, "classes_per_client": None}
+
+
+def _subsample(seed: int, cid: int, n: int) -> np.ndarray:
+    """The training rows a client keeps under ``subsample=1`` (indices into its n rows; at least one)."""
+    rng = np.random.default_rng([seed, 0x70F, cid + 1, 0x5B5])
+    share = min(rng.uniform(5.0, 105.0), 100.0) if rng.uniform() < 0.5 else rng.uniform(15.0, 35.0)
+    return rng.integers(0, n, size=max(1, int(n * share / 100)))
 
 
 def _latent(rng, n_classes, latent_dim, separation):
@@ -49,7 +60,7 @@ def _spaces(n_clients, n_spaces):
     return n_spaces, [cid % n_spaces for cid in range(n_clients)]
 
 
-def _build(kind, n_clients, seed, n_spaces, view_of, **kw):
+def _build(kind, n_clients, seed, n_spaces, view_of, subsample: int = 0, **kw):
     p = {**DEFAULTS, **kw}
     if n_clients < 1:
         raise ValueError(f"n_clients must be >= 1, got {n_clients}")
@@ -68,9 +79,14 @@ def _build(kind, n_clients, seed, n_spaces, view_of, **kw):
         for n in (p["n_train"], p["n_test"]):
             z, y = _draw(crng, means, n, classes)
             parts += [torch.from_numpy(views[s](crng, z).astype(np.float32)), torch.from_numpy(y.astype(np.int64))]
+        if subsample:
+            keep = torch.from_numpy(_subsample(seed, cid, p["n_train"]))
+            parts[0], parts[1] = parts[0][keep], parts[1][keep]
         clients.append(ClientSplit(*parts, n_classes=p["n_classes"], space=f"s{s}"))
     meta = {"generator": f"fedsim.data.toy:{kind}", "seed": seed, "n_spaces": n_spaces,
             **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
+    if subsample:  # recorded only where set: the metadata of every other toy stays as it was
+        meta["subsample"] = subsample
     return PersonalDataset(name=f"toy:{kind}", clients=clients,
                            class_names=[f"class{c}" for c in range(p["n_classes"])], meta=meta)
 
@@ -120,6 +136,7 @@ OPTIONS = {
     "dims": ("range", lambda v: 1 <= v[0] <= v[1], "LO-HI with 1 <= LO <= HI (D_s drawn per space)"),
     "noise": (float, lambda v: v >= 0, "a number >= 0"),
     "classes_per_client": (int, _pos, "an integer >= 1 (at most n_classes)"),
+    "subsample": (int, lambda v: v in (0, 1), "0 or 1 (1: keep a random share of each client's training rows)"),
 }
 
 

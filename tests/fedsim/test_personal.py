@@ -62,6 +62,26 @@ def test_toy_label_skew():
     assert len({tuple(sorted(sub)) for sub in subsets}) > 1 and ds.n_classes == 10
 
 
+def test_toy_subsample_keeps_a_share_of_each_clients_rows():
+    """subsample=1: each client keeps 5-100 % of its training rows (drawn from them, with
+    replacement), sizes differ between clients; test rows, dimensions and every other draw unchanged."""
+    name = "toy:noisy-features?n_spaces=40&n_train=200&n_test=30"
+    full = load_toy(name, n_clients=40, seed=3)
+    sub = load_toy(name + "&subsample=1", n_clients=40, seed=3)
+    assert sub.meta["subsample"] == 1 and "subsample" not in full.meta
+    sizes = [c.x_train.shape[0] for c in sub.clients]
+    assert all(10 <= k <= 200 for k in sizes) and len(set(sizes)) > 10
+    assert sum(k <= 70 for k in sizes) > 10  # about half the clients keep 15-35 %
+    for a, b in zip(full.clients, sub.clients):
+        assert torch.equal(a.x_test, b.x_test) and a.dim == b.dim
+        rows = {tuple(r) for r in a.x_train.tolist()}
+        assert all(tuple(r) in rows for r in b.x_train.tolist())
+    again = load_toy(name + "&subsample=1", n_clients=40, seed=3)
+    assert all(torch.equal(a.x_train, b.x_train) for a, b in zip(sub.clients, again.clients))
+    with pytest.raises(ValueError, match="subsample"):
+        load_toy(name + "&subsample=2", n_clients=40, seed=3)
+
+
 def test_toy_name_errors():
     with pytest.raises(ValueError, match="unknown toy problem"):
         load_toy("toy:spiral", n_clients=3, seed=0)
