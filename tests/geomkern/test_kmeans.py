@@ -1,5 +1,9 @@
-"""kmeans: inertia against sklearn.cluster.KMeans, batched segments, consistency, determinism."""
+"""kmeans: the Lloyd and assignment oracle tables over every backend, inertia against
+sklearn.cluster.KMeans, batched segments, consistency, determinism."""
 from __future__ import annotations
+
+import importlib.util
+import secrets
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from sklearn.datasets import make_blobs
 import geomkern as gk
 from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for,
                       offsets_from_sizes)
+from geomkern.ops import kmeans as kmeans_mod
 
 seeds = st.integers(0, 2 ** 32 - 1)
 # Lloyd on these small sets converges long before this; the consistency checks need convergence.
@@ -40,6 +45,224 @@ def check_consistent(X, labels, centers, k, tol):
     own = d2[np.arange(len(lab)), lab]
     slack = tol * (np.abs(X64).max() ** 2 + 1.0)
     assert (own <= d2.min(1) + slack).all(), "a point is not assigned to its nearest centre"
+
+
+# ------------------------------------------- kmeans: one oracle table over every backend
+# gk.kmeans (one start, 20 Lloyd passes at most) on every backend that has it, on ragged sets of
+# k well-separated blobs per set (so float32 and float64 assign alike), against the float64 Lloyd
+# loop below run from the same k-means++ starts: the backend's own (the reference and Triton draw
+# them from one CPU generator, geomkern.ops.kmeans._draw; the native kernel from its own stream).
+# Not checked: that a seed picks the same starts in float32 and float64 or on CPU and CUDA. Greedy
+# k-means++ meets exact ties (two points of one blob whose other points are already covered lower
+# the potential equally), which roundoff breaks either way: over 150 seeds, float32 and float64
+# starts differed for 35 data sets of row 2, 27 of row 5 and 2 of the [7, 33, 12] row.
+# Labels and assignment passes equal, centres within TOL[dtype] (norm-wise), the returned inertia
+# within TOL[dtype] of the exact squared distances to the returned centres. Fresh seed per case.
+# Rows (sizes, k, D, spread of the blob centres, shift of every point): the native kernel's (one
+# point per cluster; sets around its threads' split; D 64), the Triton test's ([7, 33, 12], blobs
+# 20 apart), and two new ones: far from the origin (shift 100: |x|^2 ~ 5e4 against blob gaps ~1e3)
+# and badly scaled (blob spread 1e-2, noise 1e-3: every squared distance ~1e-6 or below).
+KMEANS_ROWS = [([7], 7, 3, 10.0, 0.0), ([33, 5, 257, 9], 5, 17, 10.0, 0.0), ([50, 301, 120], 8, 64, 10.0, 0.0),
+               ([7, 33, 12], 3, 4, 20.0, 0.0), ([40, 9, 130], 4, 5, 10.0, 100.0),
+               ([33, 70], 3, 6, 1e-2, 0.0)]
+LLOYD_ITERS = 20
+
+
+def _blob_sets(sizes, k, D, spread, shift, gen):
+    """float64 sets of k blobs each: centres spread x N(0, 1), unit noise, all times the noise
+    scale (1e-3 where spread is 1e-2, else 1), plus shift."""
+    noise = 1e-3 if spread < 1 else 1.0
+    parts = []
+    for n in sizes:
+        centres = torch.randn(k, D, generator=gen, dtype=torch.float64) * spread
+        parts.append(centres[torch.arange(n) % k] + noise * torch.randn(n, D, generator=gen, dtype=torch.float64))
+    return torch.cat(parts) + shift
+
+
+def _lloyd64(X, off, centres, iters):
+    """The Lloyd loop in float64, one set at a time, from the given centres (direct differences,
+    torch.cdist): labels, centres and each set's assignment passes (the last one found no change,
+    or the cap of iters + 1 was reached; an emptied cluster keeps its centre)."""
+    o = off.tolist()
+    labels, out, passes = [], [], []
+    for j in range(len(o) - 1):
+        P, c = X[o[j]:o[j + 1]].double(), centres[j].double().clone()
+        lab, count = None, 0
+        for _ in range(iters + 1):
+            new = torch.cdist(P, c).argmin(1)
+            count += 1
+            if lab is not None and torch.equal(new, lab):
+                break
+            lab = new
+            for q in range(c.shape[0]):
+                if (lab == q).any():
+                    c[q] = P[lab == q].mean(0)
+        labels.append(lab)
+        out.append(c)
+        passes.append(count)
+    return torch.cat(labels), torch.stack(out), torch.tensor(passes)
+
+
+def _lloyd_starts(X, off, k, seed):
+    """The k-means++ starts the reference and Triton paths draw for ``seed``, (m, k, D):
+    geomkern.ops.kmeans.lloyd with iters=0 calls its assignment step once per size bucket, first
+    thing, with that bucket's starts."""
+    from geomkern.ops._segments import buckets
+
+    firsts = []
+
+    def spy(P, Cs):
+        firsts.append(Cs.clone())
+        return kmeans_mod.assign_reference(P, Cs)
+
+    kmeans_mod.lloyd(X, off, k, 0, seed, spy)
+    o = off.tolist()
+    groups = buckets([o[j + 1] - o[j] for j in range(len(o) - 1)], 2.0)
+    assert len(groups) == len(firsts), "lloyd's size buckets changed: update _lloyd_starts"
+    starts = X.new_empty(len(o) - 1, k, X.shape[1])
+    for group, Cs in zip(groups, firsts):
+        for t, j in enumerate(group):
+            starts[j] = Cs[t]
+    return starts
+
+
+def _poison_launchers():
+    """Every buffer the Triton launchers allocate starts as NaN (-1 for integers); returns the undo."""
+    from geomkern.backends.triton import _common
+
+    orig = _common.empty
+    _common.empty = lambda shape, dtype, dev: orig(shape, dtype, dev).fill_(
+        float("nan") if dtype.is_floating_point else -1)
+    return lambda: setattr(_common, "empty", orig)
+
+
+def _triton_kmeans(device, X, off, k, iters, seed):
+    """gk.kmeans routed to Triton, launcher buffers poisoned, and the starts it drew; picklable,
+    so it runs in the interpreter worker for CPU tensors."""
+    undo = _poison_launchers()
+    try:
+        X, off = X.to(device), off.to(device)
+        with gk.set_backend("triton"):
+            assert gk._dispatch.resolve("kmeans", X.device.type) == "triton"
+            res = gk.kmeans(X, k, offsets=off, iters=iters, seed=seed, n_init=1)
+    finally:
+        undo()
+    starts = _lloyd_starts(X, off, k, seed)
+    return tuple(t.cpu() for t in (res.labels, res.centers, res.inertia, res.n_iter, starts))
+
+
+def _public_kmeans(backend, device, X, off, k, iters, seed):
+    from geomkern.backends import native
+
+    X, off = X.to(device), off.to(device)
+    with gk.set_backend(backend):
+        res = gk.kmeans(X, k, offsets=off, iters=iters, seed=seed, n_init=1)
+    # the public op runs start init_seed(seed, 0) = seed
+    starts = native._C.kmeanspp(X, off, k, seed) if backend == "native" else _lloyd_starts(X, off, k, seed)
+    return tuple(t.cpu() for t in (res.labels, res.centers, res.inertia, res.n_iter, starts))
+
+
+def _no_triton():
+    return pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                              reason="triton is not importable here: pip install triton")
+
+
+def _kmeans_entries():
+    native_km = "native" in gk.available_backends() and "native" in gk.registered_ops().get("kmeans", ())
+    return [pytest.param("reference", id="reference"),
+            pytest.param("reference-cuda", id="reference-cuda", marks=pytest.mark.gpu),
+            pytest.param("native", id="native", marks=pytest.mark.skipif(
+                not native_km, reason="geomkern._C (native CPU kernels) is not built")),
+            pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
+
+
+@pytest.mark.parametrize("entry", _kmeans_entries())
+@pytest.mark.parametrize("sizes,k,D,spread,shift", KMEANS_ROWS, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_kmeans_matches_float64_lloyd_on_every_backend(entry, sizes, k, D, spread, shift, dtype, request):
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    X = _blob_sets(sizes, k, D, spread, shift, gen).to(dtype)
+    off = offsets_from_sizes(sizes)
+    s = int(torch.randint(0, 1000, (), generator=gen))
+    if entry.startswith("triton"):
+        out = request.getfixturevalue("triton_run")(
+            _triton_kmeans, "cuda" if entry == "triton-cuda" else "cpu", X, off, k, LLOYD_ITERS, s)
+    else:
+        out = _public_kmeans(entry.removesuffix("-cuda"), "cuda" if entry.endswith("-cuda") else "cpu",
+                             X, off, k, LLOYD_ITERS, s)
+    labels, centers, inertia, n_iter, starts = out
+    where = f"{entry} seed={seed} sizes={sizes} k={k} D={D} spread={spread} shift={shift} {dtype}"
+    assert labels.shape == (X.shape[0],) and labels.dtype == torch.int64, where
+    assert centers.shape == (len(sizes), k, D) and centers.dtype == dtype, where
+    ref_labels, ref_centers, ref_passes = _lloyd64(X, off, starts, LLOYD_ITERS)
+    assert torch.equal(labels, ref_labels), f"{where}: labels differ from the float64 Lloyd's"
+    assert_close_rel(centers, ref_centers, TOL[dtype], f"{where}: centers")
+    assert n_iter.dtype == torch.int64 and torch.equal(n_iter, ref_passes), (where, n_iter, ref_passes)
+    # the inertia it returns: exact squared distances to the centres it returns, per set
+    o = off.tolist()
+    want = torch.tensor([_inertia(_np(X[o[j]:o[j + 1]]), labels[o[j]:o[j + 1]].numpy(), _np(centers[j]))
+                         for j in range(len(sizes))], dtype=torch.float64)
+    assert inertia.dtype == torch.float64 and inertia.shape == (len(sizes),), where
+    assert_close_rel(inertia, want, TOL[dtype], f"{where}: inertia")
+
+
+# -------------------------------- the assignment step: one oracle table over every backend
+# The nearest-centre step that a backend may replace in geomkern.ops.kmeans.lloyd (the reference's
+# assign_reference, Triton's fused kernel; the native kernel runs Lloyd whole, checked above),
+# launcher buffers poisoned, against float64 torch.cdist on the same rounded inputs: every label a
+# nearest centre up to the roundoff of |x|^2 + |c|^2 - 2<x, c> (slack TOL[dtype] x 10 x
+# (|x|^2 + max |c|^2)), and the float64 argmin wherever the two nearest are further apart than that.
+# Rows (m, n, k, D, shift): m = 0 a plain (n, D) x (k, D) look-up, m > 0 batched (m, n, D) x
+# (m, k, D); the Triton test's shapes, and two far from the origin (shift 30 on points and centres).
+ASSIGN_ROWS = [(0, 1, 1, 1, 0.0), (0, 257, 7, 5, 0.0), (3, 33, 70, 4, 0.0), (2, 7, 3, 33, 0.0),
+               (0, 129, 9, 6, 30.0), (2, 40, 17, 3, 30.0)]
+
+
+def _triton_assign(device, X, Cn):
+    """Triton's assign with its launcher's buffers poisoned; picklable (interpreter worker)."""
+    from geomkern.backends.triton import kmeans as tkmeans
+
+    undo = _poison_launchers()
+    try:
+        return tkmeans.assign(X.to(device), Cn.to(device)).cpu()
+    finally:
+        undo()
+
+
+def _assign_entries():
+    return [pytest.param("reference", id="reference"),
+            pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
+
+
+@pytest.mark.parametrize("entry", _assign_entries())
+@pytest.mark.parametrize("m,n,k,D,shift", ASSIGN_ROWS, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_assign_matches_float64_on_every_backend(entry, m, n, k, D, shift, dtype, request):
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    shape_x, shape_c = ((m, n, D), (m, k, D)) if m else ((n, D), (k, D))
+    X = (torch.randn(*shape_x, generator=gen, dtype=torch.float64) + shift).to(dtype)
+    Cn = (torch.randn(*shape_c, generator=gen, dtype=torch.float64) + shift).to(dtype)
+    if entry == "reference":
+        labels = kmeans_mod.assign_reference(X.reshape(-1, n, D), Cn.reshape(-1, k, D)).reshape(shape_x[:-1])
+    else:
+        labels = request.getfixturevalue("triton_run")(
+            _triton_assign, "cuda" if entry == "triton-cuda" else "cpu", X, Cn)
+    where = f"{entry} seed={seed} m={m} n={n} k={k} D={D} shift={shift} {dtype}"
+    assert labels.shape == shape_x[:-1] and labels.dtype == torch.int64, where
+    X64, C64 = X.double().reshape(-1, n, D), Cn.double().reshape(-1, k, D)
+    d2 = torch.cdist(X64, C64).square()  # (groups, n, k), direct differences
+    lab = labels.reshape(-1, n)
+    assert bool(((lab >= 0) & (lab < k)).all()), f"{where}: label out of range"
+    chosen = d2.gather(-1, lab.unsqueeze(-1)).squeeze(-1)
+    best = d2.min(-1).values
+    slack = TOL[dtype] * 10 * (X64.square().sum(-1) + C64.square().sum(-1).max(-1, keepdim=True).values)
+    assert bool((chosen <= best + slack).all()), f"{where}: a point was not assigned its nearest centre"
+    clear = ((d2.sort(-1).values[..., 1] - best) > slack) if k > 1 else torch.ones_like(lab, dtype=torch.bool)
+    assert torch.equal(lab[clear], d2.argmin(-1)[clear]), f"{where}: labels differ where the nearest is clear"
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

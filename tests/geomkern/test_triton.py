@@ -26,7 +26,6 @@ import subprocess
 import sys
 import warnings
 
-import numpy as np
 import pytest
 import torch
 
@@ -39,7 +38,6 @@ from geomkern.backends.triton import kmeans as tkmeans  # noqa: E402
 from geomkern.backends.triton import kpca as tkpca  # noqa: E402
 from geomkern.backends.triton import preimage as tpre  # noqa: E402
 from geomkern.backends.triton import rbf as trbf  # noqa: E402
-from geomkern.ops import kmeans as rkmeans  # noqa: E402
 from geomkern.ops import kpca as rkpca  # noqa: E402
 from geomkern.ops import rbf as rrbf  # noqa: E402
 
@@ -249,47 +247,6 @@ def _check_kpca(device, dtype, solver, sizes, D, d, seed):
             f"cluster {j} mean_projection off by {err.tolist()} (scale {scale.tolist()})")
 
 
-def _check_assign(device, dtype, m, n, k, D, seed):
-    gen = _gen(seed)
-    shape_x, shape_c = ((m, n, D), (m, k, D)) if m else ((n, D), (k, D))
-    X = _randn(gen, *shape_x, dtype=dtype, device=device)
-    Cn = _randn(gen, *shape_c, dtype=dtype, device=device)
-    with _poisoned():
-        labels = tkmeans.assign(X, Cn)
-    assert labels.shape == shape_x[:-1] and labels.dtype == torch.int64
-    X64, C64 = _d64(X).reshape(-1, n, D), _d64(Cn).reshape(-1, k, D)
-    d2 = torch.cdist(X64, C64).square()  # (groups, n, k), direct differences
-    lab = labels.cpu().reshape(-1, n)
-    assert bool(((lab >= 0) & (lab < k)).all()), "label out of range"
-    chosen = d2.gather(-1, lab.unsqueeze(-1)).squeeze(-1)
-    best = d2.min(-1).values
-    # the chosen centre is the nearest up to roundoff of |x|^2 + |c|^2 - 2<x, c>
-    slack = BOUND[dtype] * 10 * (X64.square().sum(-1) + C64.square().sum(-1).max(-1, keepdim=True).values)
-    assert bool((chosen <= best + slack).all()), "a point was not assigned its nearest centre"
-    ref = rkmeans.assign_reference(X64, C64)
-    # where the two nearest centres are not within roundoff, labels must agree exactly
-    clear = ((d2.sort(-1).values[..., 1] - best) > slack) if k > 1 else torch.ones_like(lab, dtype=torch.bool)
-    assert torch.equal(lab[clear], ref[clear])
-
-
-def _check_kmeans(device, dtype, sizes, k, D, seed):
-    gen = _gen(seed)
-    parts = []
-    for n in sizes:  # k well-separated blobs per segment: Lloyd's result is unambiguous
-        centres = torch.randn(k, D, generator=gen, dtype=torch.float64) * 20.0
-        parts.append(centres[torch.arange(n) % k] + torch.randn(n, D, generator=gen, dtype=torch.float64))
-    X = torch.cat(parts).to(dtype).to(device)
-    off = offsets_from_sizes(sizes).to(device)
-    with _poisoned(), gk.set_backend("triton"):
-        assert gk._dispatch.resolve("kmeans", X.device.type) == "triton"
-        labels, centers = gk.kmeans(X, k, offsets=off, iters=20, seed=seed % 1000, n_init=1)
-    # the float64 oracle on the CPU: one seed draws the same k-means++ starts on every device
-    # and dtype (geomkern.ops.kmeans._draw; torch.multinomial on CUDA gave permuted labels)
-    ref_labels, ref_centers, _, _ = rkmeans.kmeans_reference(_d64(X), off.cpu(), k, 20, seed % 1000)
-    assert torch.equal(labels.cpu(), ref_labels), "labels differ from the reference's"
-    assert_close_rel(centers, ref_centers, BOUND[dtype], "centers")
-
-
 # The ops auto runs on Triton on CUDA, each for a recorded H100 win (the notes at their
 # registrations in geomkern/backends/triton): never on CPU, where the kernels run only in the
 # interpreter, for tests.
@@ -390,18 +347,8 @@ def test_kpca_matches_reference(device, dtype, solver, seed, run):
 # triton-cuda), the shapes that were here among its rows.
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m,n,k,D", ((0, 1, 1, 1), (0, 257, 7, 5), (3, 33, 70, 4), (2, 7, 3, 33)))
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_assign(device, dtype, m, n, k, D, seed, run):
-    # m=0: plain (n, D) x (k, D) look-up; m>0: batched (m, n, D) x (m, k, D)
-    run(_check_assign, device, dtype, m, n, k, D, seed)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_kmeans_matches_reference(device, dtype, seed, run):
-    run(_check_kmeans, device, dtype, [7, 33, 12], 3, 4, seed)
+# assign and kmeans against float64 (every shape that was here): the assignment and K-Means
+# oracle tables of tests/geomkern/test_kmeans.py (entries triton-cpu and triton-cuda).
 
 
 def _triton_op_cases(device, seed):
