@@ -266,6 +266,232 @@ def test_projection_matches_float64_on_every_backend(entry, sizes, S, d, dtype, 
             assert bool((betas[j] == 0).all()), f"{where}: empty segment {j} has non-zero betas"
 
 
+def _poison_launchers():
+    """Every buffer the Triton launchers allocate starts as NaN (-1 for integers); returns the undo."""
+    from geomkern.backends.triton import _common
+
+    orig = _common.empty
+    _common.empty = lambda shape, dtype, dev: orig(shape, dtype, dev).fill_(
+        float("nan") if dtype.is_floating_point else -1)
+    return lambda: setattr(_common, "empty", orig)
+
+
+def _no_triton():
+    return pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                              reason="triton is not importable here: pip install triton")
+
+
+def _triton_entries():
+    return [pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
+
+
+# ------------------------------------- kpca of many clusters: one oracle table over every backend
+# gk.kpca (the kpca op: each size bucket's centred Grams, then torch's eigen-solve) on every
+# backend that has it, launcher buffers poisoned, against numpy's float64 eigh of each cluster's
+# centred Gram (sklearn's rbf_kernel) on the same rounded inputs: eigenvalues within TOL[dtype];
+# alphas (up to sign) and mean_projection within TOL[dtype] from the dense solver, within
+# max(TOL, the subspace stopping rule / the 0.02 relative gap) from the iterative ones;
+# mean_projection sums terms of both signs, so its bound is sum_a |alpha_a| colmean_a.
+# Rows (sizes, D, d, shift): the Triton test's (70 and 33 share a size bucket, 7 and 4 another:
+# two fused launches; 70 points with d=3 make subspace_top iterate rather than hand over to dense),
+# and the same far from the origin (shift 50: the kernels move each cluster to its mean first).
+KPCA_ROWS = [([7, 70, 33, 4], 4, 3, 0.0), ([7, 70, 33, 4], 4, 3, 50.0)]
+# subspace_top's convergence test: residual <= tol * mu_1; eigenvectors are then accurate to
+# ~ tol / relative gap (0.02 in _gapped_blobs), eigenvalues to ~ tol^2 / gap.
+_SUBSPACE_VECTOR_BOUND = {torch.float32: 1e-6 / 0.02, torch.float64: 1e-9 / 0.02}
+
+
+def _gapped_blobs(sizes, D, d, g, gen, dtype, shift):
+    """Anisotropic blobs whose top-d centred-kernel spectrum has relative gaps >= 0.02 (float64,
+    on the rounded points), so eigenvectors are as accurate as the Gram (error ~ eps |Kc| / gap)."""
+    out = []
+    for n in sizes:
+        for _ in range(200):
+            X = (torch.randn(n, D, generator=gen, dtype=torch.float64)
+                 * (0.2 + 1.5 * torch.rand(D, generator=gen, dtype=torch.float64))
+                 + 2.0 * torch.randn(D, generator=gen, dtype=torch.float64) + shift).to(dtype)
+            mu = np.concatenate([np.linalg.eigvalsh(_centred_gram(_np(X), g))[::-1], np.zeros(d + 1)])
+            if mu[0] > 0 and float(((mu[:d] - mu[1:d + 1]) / mu[0]).min()) >= 0.02:
+                out.append(X)
+                break
+        else:
+            raise RuntimeError(f"no cluster with a separated spectrum (n={n}, D={D}, d={d})")
+    return torch.cat(out)
+
+
+def _kpca_fit(device, backend, X, off, d, g, solver):
+    """gk.kpca routed to ``backend`` (buffers poisoned where it is Triton): eigenvalues, alphas and
+    mean_projection on the CPU; picklable, so Triton's CPU case runs in the interpreter worker."""
+    undo = _poison_launchers() if backend == "triton" else (lambda: None)
+    try:
+        X, off = X.to(device), off.to(device)
+        with gk.set_backend(backend):
+            assert gk._dispatch.resolve("kpca", X.device.type) == backend
+            fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
+    finally:
+        undo()
+    return fit.eigenvalues.cpu(), fit.alphas.cpu(), fit.mean_projection.cpu()
+
+
+def _kpca_entries():
+    return [pytest.param("reference", id="reference"),
+            pytest.param("reference-cuda", id="reference-cuda", marks=pytest.mark.gpu),
+            pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
+
+
+@pytest.mark.parametrize("entry", _kpca_entries())
+@pytest.mark.parametrize("sizes,D,d,shift", KPCA_ROWS, ids=str)
+@pytest.mark.parametrize("solver", ("dense", "subspace", "auto"))
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_kpca_of_many_clusters_matches_float64_on_every_backend(entry, sizes, D, d, shift, solver, dtype,
+                                                                request):
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    g = 1.0 / (2.0 * D)
+    X = _gapped_blobs(sizes, D, d, g, gen, dtype, shift)
+    off = offsets_from_sizes(sizes)
+    backend, device = entry.split("-")[0], "cuda" if entry.endswith("-cuda") else "cpu"
+    if backend == "triton":
+        mu, alphas, mean_proj = request.getfixturevalue("triton_run")(
+            _kpca_fit, device, backend, X, off, d, g, solver)
+    else:
+        mu, alphas, mean_proj = _kpca_fit(device, backend, X, off, d, g, solver)
+    where = f"{entry} seed={seed} sizes={sizes} D={D} d={d} shift={shift} {solver} {dtype}"
+    tol = TOL[dtype] if solver == "dense" else max(TOL[dtype], _SUBSPACE_VECTOR_BOUND[dtype])
+    o = off.tolist()
+    eig = [np.linalg.eigh(_centred_gram(_np(X[o[j]:o[j + 1]]), g)) for j in range(len(sizes))]
+    assert_close_rel(mu, np.stack([w[::-1][:d] for w, _ in eig]), TOL[dtype], f"{where}: eigenvalues")
+    for j, (w, U) in enumerate(eig):
+        X64 = _np(X[o[j]:o[j + 1]])
+        ref = U[:, ::-1][:, :d] / np.sqrt(w[::-1][:d])
+        a = _np(alphas[o[j]:o[j + 1]])
+        sign = match_signs(a, ref)
+        assert_close_rel(a * sign, ref, tol, f"{where}: cluster {j} alphas (up to sign)")
+        colmeans = rbf_kernel(X64, gamma=g).mean(0)
+        scale = colmeans @ np.abs(ref)
+        err = np.abs(_np(mean_proj[j]) * sign - colmeans @ ref)
+        assert (err <= tol * scale).all(), (
+            f"{where}: cluster {j} mean_projection off by {err.tolist()} (scale {scale.tolist()})")
+
+
+# ---------------------------------- segmented Grams: one oracle table over every backend
+# The zero-padded (m, nmax, nmax) Grams of all segments (empty ones allowed): Triton's
+# segmented_gram (plain or double-centred, launcher buffers poisoned) and, centred, the
+# reference's centred_grams_reference (the kpca op's Grams; it has no plain form), against
+# float64 gram_reference per segment on the same rounded inputs (points 1.5 N(0, 1) + shift).
+# Zero padding; plain Grams with an exact unit diagonal; Triton's exactly symmetric. Tolerance
+# TOL[dtype]; the reference's centring cancels up to |K| / |HKH| digits, so its bound is
+# TOL * max(1, |K| / |HKH|), as for the public rbf_gram (test_rbf.py).
+# Rows (sizes, D, shift): the Triton test's (one point; empty segments first and between), a
+# segment over a 128-row tile, and one far from the origin (shift 50).
+SEGMENTED_GRAM_ROWS = [([1], 6, 4.0), ([7, 0, 33, 2], 6, 4.0), ([0, 40, 17], 6, 4.0),
+                       ([5, 129, 0, 3], 3, 4.0), ([9, 20], 5, 50.0)]
+
+
+def _triton_segmented_gram(device, X, off, g, center):
+    """Triton's segmented_gram with its launcher's buffers poisoned; picklable."""
+    from geomkern.backends.triton import kpca as tkpca
+
+    undo = _poison_launchers()
+    try:
+        return tkpca.segmented_gram(X.to(device), off.to(device), g, center).cpu()
+    finally:
+        undo()
+
+
+def _reference_segmented_gram(X, off, g):
+    """centred_grams_reference over the non-empty segments (one bucket, largest first), laid out
+    as segmented_gram's (m, nmax, nmax)."""
+    o = off.tolist()
+    sizes = [o[j + 1] - o[j] for j in range(len(o) - 1)]
+    bucket = sorted((j for j in range(len(sizes)) if sizes[j]), key=lambda j: -sizes[j])
+    Kc, _ = kpca_mod.centred_grams_reference(X, o, bucket, g)
+    out = torch.zeros(len(sizes), max(sizes), max(sizes), dtype=X.dtype)
+    for t, j in enumerate(bucket):
+        out[j] = Kc[t]
+    return out
+
+
+def _segmented_gram_entries():
+    """(center, entry): plain Grams on Triton, centred ones on the reference and Triton."""
+    return ([pytest.param(False, *e.values, id="plain-" + e.id, marks=e.marks) for e in _triton_entries()]
+            + [pytest.param(True, *e.values, id="centred-" + e.id, marks=e.marks) for e in _projection_entries()])
+
+
+@pytest.mark.parametrize("center,entry", _segmented_gram_entries())
+@pytest.mark.parametrize("sizes,D,shift", SEGMENTED_GRAM_ROWS, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_segmented_gram_matches_float64_on_every_backend(entry, sizes, D, shift, center, dtype, request):
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    X = (torch.randn(sum(sizes), D, generator=gen, dtype=torch.float64) * 1.5 + shift).to(dtype)
+    off = offsets_from_sizes(sizes)
+    g = float(0.2 + 1.8 * torch.rand((), generator=gen, dtype=torch.float64)) / (2.0 * D)
+    if entry == "reference":
+        K = _reference_segmented_gram(X, off, g)
+    else:
+        K = request.getfixturevalue("triton_run")(
+            _triton_segmented_gram, "cuda" if entry == "triton-cuda" else "cpu", X, off, g, center)
+    where = f"{entry} seed={seed} sizes={sizes} D={D} shift={shift} center={center} {dtype}"
+    nmax = max(sizes)
+    assert K.shape == (len(sizes), nmax, nmax) and K.dtype == dtype, where
+    o = off.tolist()
+    for j, n in enumerate(sizes):
+        ref = torch.zeros(nmax, nmax, dtype=torch.float64)
+        plain = rbf_mod.gram_reference(X[o[j]:o[j + 1]].double(), None, g, False) if n else ref[:0, :0]
+        if n:
+            ref[:n, :n] = rbf_mod.gram_reference(X[o[j]:o[j + 1]].double(), None, g, center)
+        if entry != "reference":
+            assert torch.equal(K[j], K[j].T), f"{where}: segment {j} Gram is not exactly symmetric"
+        assert bool((K[j, n:] == 0).all() and (K[j, :, n:] == 0).all()), f"{where}: segment {j} padding"
+        if not center and n:
+            assert bool((K[j, :n, :n].diagonal() == 1).all()), f"{where}: segment {j} diagonal"
+        tol = TOL[dtype]
+        if entry == "reference" and n:
+            tol *= max(1.0, float(plain.norm() / ref.norm().clamp_min(1e-300)))
+        assert_close_rel(K[j], ref, tol, f"{where}: segment {j} (n={n}) Gram")
+
+
+# segment_means (Triton's kernel for the per-segment shifts its Grams start from; the reference
+# takes each cluster's torch mean, the oracle here) against float64 means of the same rounded
+# rows, launcher buffers poisoned, in the compute dtype (float32, float64 for float64), TOL[dtype].
+# Rows (sizes, D, scale, shift): the Triton test's (0, 1, one whole 256-row chunk, 257 and 700
+# rows: several chunks per segment, ragged last chunks, chunks past a short segment's end; D 130
+# crosses a column tile), and a small one far from the origin (shift 1e3).
+SEGMENT_MEANS_ROWS = [([0, 1, 256, 257, 700], 130, 2.0, -3.0), ([3, 0, 40], 5, 1.0, 1e3)]
+
+
+def _triton_segment_means(device, X, off):
+    from geomkern.backends.triton import kpca as tkpca
+
+    undo = _poison_launchers()
+    try:
+        off = off.to(device)
+        return tkpca.segment_means(X.to(device), off[:-1], off[1:], int((off[1:] - off[:-1]).max())).cpu()
+    finally:
+        undo()
+
+
+@pytest.mark.parametrize("entry", _triton_entries())
+@pytest.mark.parametrize("sizes,D,scale,shift", SEGMENT_MEANS_ROWS, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_segment_means_match_float64_on_every_backend(entry, sizes, D, scale, shift, dtype, request):
+    seed = secrets.randbits(31)
+    gen = torch.Generator().manual_seed(seed)
+    X = (torch.randn(sum(sizes), D, generator=gen, dtype=torch.float64) * scale + shift).to(dtype)
+    off = offsets_from_sizes(sizes)
+    M = request.getfixturevalue("triton_run")(
+        _triton_segment_means, "cuda" if entry == "triton-cuda" else "cpu", X, off)
+    where = f"{entry} seed={seed} sizes={sizes} D={D} shift={shift} {dtype}"
+    assert M.shape == (len(sizes), D) and M.dtype == (torch.float64 if dtype == torch.float64 else torch.float32), where
+    o = off.tolist()
+    for j, n in enumerate(sizes):
+        ref = X[o[j]:o[j + 1]].double().mean(0) if n else torch.zeros(D, dtype=torch.float64)
+        assert_close_rel(M[j], ref, TOL[dtype], f"{where}: segment {j} (n={n}) mean")
+
+
 @pytest.mark.parametrize("solver", ["dense", "subspace", "matrix_free"])
 def test_kpca_deterministic_and_permutation_invariant(solver, gen):
     d, D, g = 3, 5, 0.25

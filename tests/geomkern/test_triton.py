@@ -32,7 +32,7 @@ import torch
 triton = pytest.importorskip("triton", reason="triton is not importable here: pip install triton")
 
 import geomkern as gk  # noqa: E402
-from conftest import DEVICES, HALF_TOL, TOL, assert_close_rel, match_signs, offsets_from_sizes  # noqa: E402
+from conftest import DEVICES, HALF_TOL, TOL, assert_close_rel, offsets_from_sizes  # noqa: E402
 from geomkern.backends.triton import _common  # noqa: E402
 from geomkern.backends.triton import kmeans as tkmeans  # noqa: E402
 from geomkern.backends.triton import kpca as tkpca  # noqa: E402
@@ -174,79 +174,6 @@ def _check_offset_cloud(device, precision, seed):
     assert_close_rel(beta, ref, tol, "offset project_onto_basis")
 
 
-def _check_segmented_gram(device, dtype, sizes, D, center, seed):
-    gen = _gen(seed)
-    X = _randn(gen, sum(sizes), D, dtype=dtype, device=device, scale=1.5, shift=4.0)
-    off = offsets_from_sizes(sizes).to(device)
-    g = _gamma(D, gen)
-    with _poisoned():
-        K = tkpca.segmented_gram(X, off, g, center)
-    nmax = max(sizes)
-    assert K.shape == (len(sizes), nmax, nmax) and K.dtype == dtype
-    o = off.tolist()
-    for j, n in enumerate(sizes):
-        ref = torch.zeros(nmax, nmax, dtype=torch.float64)
-        if n:
-            ref[:n, :n] = rrbf.gram_reference(_d64(X[o[j]:o[j + 1]]), None, g, center)
-        assert torch.equal(K[j], K[j].T), f"segment {j} Gram is not exactly symmetric"
-        assert bool((K[j, n:] == 0).all() and (K[j, :, n:] == 0).all()), f"segment {j} padding"
-        if not center and n:
-            assert bool((K[j, :n, :n].diagonal() == 1).all()), f"segment {j} diagonal"
-        assert_close_rel(K[j], ref, BOUND[dtype], f"segment {j} (n={n}) Gram, center={center}")
-
-
-def _separated_clusters(sizes, D, d, g, gen, dtype):
-    """Anisotropic blobs whose top-d centred-kernel spectrum has relative gaps >= 0.02, so
-    eigenvectors are as accurate as the Gram (error ~ eps |Kc| / gap)."""
-    out = []
-    for n in sizes:
-        for _ in range(200):
-            X = (torch.randn(n, D, generator=gen, dtype=torch.float64)
-                 * (0.2 + 1.5 * torch.rand(D, generator=gen, dtype=torch.float64))
-                 + 2.0 * torch.randn(D, generator=gen, dtype=torch.float64)).to(dtype)
-            Kc = rrbf.double_center(rrbf.gram_reference(X.double(), None, g, False))
-            mu = torch.cat([torch.linalg.eigvalsh(Kc).flip(0), torch.zeros(d + 1, dtype=torch.float64)])
-            if mu[0] > 0 and float(((mu[:d] - mu[1:d + 1]) / mu[0]).min()) >= 0.02:
-                out.append(X)
-                break
-        else:
-            raise RuntimeError(f"no cluster with a separated spectrum (n={n}, D={D}, d={d})")
-    return torch.cat(out)
-
-
-# subspace_top's convergence test: residual <= tol * mu_1; eigenvectors are then accurate to
-# ~ tol / relative gap (0.02 in _separated_clusters), eigenvalues to ~ tol^2 / gap.
-_SUBSPACE_VECTOR_BOUND = {torch.float32: 1e-6 / 0.02, torch.float64: 1e-9 / 0.02}
-
-
-def _check_kpca(device, dtype, solver, sizes, D, d, seed):
-    gen = _gen(seed)
-    g = 1.0 / (2.0 * D)
-    X = _separated_clusters(sizes, D, d, g, gen, dtype).to(device)
-    off = offsets_from_sizes(sizes).to(device)
-    with _poisoned(), gk.set_backend("triton"):
-        assert gk._dispatch.resolve("kpca", X.device.type) == "triton"
-        fit = gk.kpca(X, off, n_components=d, gamma=g, solver=solver)
-    # the float64 dense solve is the oracle for both solvers
-    with gk.set_backend("reference"):
-        ref_fit = gk.kpca(_d64(X), off.cpu(), n_components=d, gamma=g, solver="dense")
-    mu, alphas, mean_proj = ref_fit.eigenvalues, ref_fit.alphas, ref_fit.mean_projection
-    assert_close_rel(fit.eigenvalues, mu, BOUND[dtype], "eigenvalues")
-    tol = BOUND[dtype] if solver == "dense" else max(BOUND[dtype], _SUBSPACE_VECTOR_BOUND[dtype])
-    o = off.tolist()
-    for j in range(len(sizes)):
-        a, ref = _d64(fit.alphas[o[j]:o[j + 1]]), alphas[o[j]:o[j + 1]]
-        s = torch.from_numpy(match_signs(a, ref))
-        assert_close_rel(a * s, ref, tol, f"cluster {j} alphas (up to sign)")
-        # mean_projection = colmeans @ alpha sums terms of both signs (sum_a alpha_a = 0): bound
-        # its roundoff by sum_a |alpha_a| colmean_a, as for the betas
-        colmeans = rrbf.gram_reference(_d64(X[o[j]:o[j + 1]]), None, g, False).mean(0)
-        scale = colmeans @ ref.abs()
-        err = (_d64(fit.mean_projection[j]) * s - mean_proj[j]).abs()
-        assert bool((err <= tol * scale).all()), (
-            f"cluster {j} mean_projection off by {err.tolist()} (scale {scale.tolist()})")
-
-
 # The ops auto runs on Triton on CUDA, each for a recorded H100 win (the notes at their
 # registrations in geomkern/backends/triton): never on CPU, where the kernels run only in the
 # interpreter, for tests.
@@ -300,42 +227,9 @@ def test_rbf_matmul_split_over_y(device, precision, D, seed, run):
     run(_check_rbf_matmul, device, torch.float32, 20, 2100, 3, D, precision, seed)
 
 
-def _check_segment_means(device, dtype, sizes, D, seed):
-    gen = _gen(seed)
-    X = _randn(gen, sum(sizes), D, dtype=dtype, device=device, scale=2.0, shift=-3.0)
-    off = offsets_from_sizes(sizes).to(device)
-    with _poisoned():
-        M = tkpca.segment_means(X, off[:-1], off[1:], max(sizes))
-    assert M.shape == (len(sizes), D) and M.dtype == _common.compute_dtype(dtype)
-    o = off.tolist()
-    for j, n in enumerate(sizes):
-        ref = _d64(X[o[j]:o[j + 1]]).mean(0) if n else torch.zeros(D, dtype=torch.float64)
-        assert_close_rel(M[j], ref, BOUND[dtype], f"segment {j} (n={n}) mean")
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_segment_means_over_row_chunks(device, dtype, seed, run):
-    # segments of 0, 1, 256 (one whole chunk), 257 and 700 rows: several row chunks per segment,
-    # ragged last chunks, chunks past a short segment's end; D 130 crosses a column tile
-    run(_check_segment_means, device, dtype, [0, 1, 256, 257, 700], 130, seed)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("center", (False, True))
-@pytest.mark.parametrize("sizes", ([1], [7, 0, 33, 2], [0, 40, 17]), ids=str)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_segmented_gram(device, dtype, sizes, center, seed, run):
-    run(_check_segmented_gram, device, dtype, sizes, 6, center, seed)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("solver", ("dense", "subspace", "auto"))
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_kpca_matches_reference(device, dtype, solver, seed, run):
-    # sizes 70 and 33 share a size bucket, 7 and 4 another: two fused launches; 70 points with
-    # d=3 is large enough for subspace_top to iterate rather than hand over to dense
-    run(_check_kpca, device, dtype, solver, [7, 70, 33, 4], 4, 3, seed)
+# segment_means, segmented_gram and kpca of many clusters against float64 (every shape that was
+# here): the segment-means, segmented-Gram and kpca oracle tables of tests/geomkern/test_kpca.py
+# (entries triton-cpu and triton-cuda).
 
 
 # project_onto_basis against float64 (every shape that was here, the split-rows one included):
