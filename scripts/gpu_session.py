@@ -269,8 +269,10 @@ def main() -> int:
     else:
         # -v: every test's id and outcome reaches session.log as it runs, so a file cut short
         # by its limit still says which tests failed (its junit file is written at the end only)
-        # Triton's GPU cases compile their kernels: test_triton.py and the pre-image oracle table
-        runs = [(f, ["-m", "gpu", "-v", "--tb=short"], 150 if "triton" in f or "preimage" in f else 45)
+        # Triton's GPU cases compile their kernels: test_triton.py and the oracle tables with a
+        # triton-cuda entry (pre-image, K-Means and assign, kpca / segmented Gram / projection)
+        runs = [(f, ["-m", "gpu", "-v", "--tb=short"],
+                 150 if any(t in f for t in ("triton", "preimage", "kmeans", "kpca")) else 45)
                 for f in GPU_TESTS]
         tenv = {}
     for i, (f, args, limit) in enumerate(runs):
