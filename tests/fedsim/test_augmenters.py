@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import interrupted_after, save_blobs
+from conftest import client_statistics, interrupted_after, save_blobs
 
 import geomkern as gk
 from fedsim import client as client_module  # local_train: what client.client_round calls
@@ -343,25 +343,13 @@ def test_cli_epsilon_total_with_algorithm1_reports_what_each_client_spent(tmp_pa
 # Folded from test_ggeur_memory.py:
 # GGEUR's geometry a client keeps between messages (issue 17, scale).
 
-def _ggeur_stats(K=9, C=5, D=12, seed=0):
-    """K clients' ClassStatistics; some classes held by nobody, some clients without rows."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for k in range(K):
-        n = 0 if k == 3 else int(torch.randint(2, 30, (1,), generator=g))
-        y = torch.randint(0, C - 1, (n,), generator=g)  # class C-1: held by nobody
-        x = torch.randn(n, D, generator=g) + y.unsqueeze(1).float()
-        out.append(ggeur.local_statistics(x, y, C))
-    return out
-
-
 def test_a_client_keeps_the_eigenvectors_it_samples_and_draws_the_same():
     """GGEURAugmenter.client_state / load_client_state (what a Flower client keeps between
     messages): the classes of the client's rows and of its prototypes (multi-domain step), nothing
     else; the same draws as with the whole geometry."""
     from fedsim.augmenters import ClientData, build_augmenter
 
-    stats = _ggeur_stats(K=4, C=6, D=12)  # class 5: held by nobody
+    stats = client_statistics(K=4, C=6, D=12)  # class 5: held by nobody
     geometry = ggeur.aggregate(stats)
     g = torch.Generator().manual_seed(2)
     data = ClientData(torch.randn(7, 12, generator=g), torch.tensor([0, 0, 2, 2, 2, 0, 0]))

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import client_statistics
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -603,18 +604,6 @@ def test_generator_defaults_to_none(seed):
 # dense one, bit for bit. (Its Flower paths: tests/fedsim/test_flower_exchange.py and
 # tests/fedsim/test_augmenters.py.)
 
-def _held_stats(K=9, C=5, D=12, seed=0):
-    """K clients' ClassStatistics; some classes held by nobody, some clients without rows."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for k in range(K):
-        n = 0 if k == 3 else int(torch.randint(2, 30, (1,), generator=g))
-        y = torch.randint(0, C - 1, (n,), generator=g)  # class C-1: held by nobody
-        x = torch.randn(n, D, generator=g) + y.unsqueeze(1).float()
-        out.append(ggeur.local_statistics(x, y, C))
-    return out
-
-
 # (40, 6, 33), (31, 7, 47), (13, 11, 7): shapes where a per-class einsum sums in another order than
 # pool_moments' batched product; D = 384: the embedded data's dimension
 @pytest.mark.parametrize("threads", [1, 2])
@@ -639,7 +628,7 @@ def test_pool_by_class_is_pool_moments_bit_for_bit(threads, K, C, D, dtype):
 
 
 def test_pool_by_class_checks_counts():
-    stats = _held_stats(K=3, C=4, D=5)
+    stats = client_statistics(K=3, C=4, D=5)
     counts = torch.stack([s.counts for s in stats])
     means = torch.stack([s.means for s in stats])
     with pytest.raises(ValueError, match="counts must be a"):
@@ -649,7 +638,7 @@ def test_pool_by_class_checks_counts():
 
 
 def test_held_statistics_keep_the_held_classes_and_aggregate_identically():
-    stats = _held_stats()
+    stats = client_statistics()
     held = [ggeur.HeldStatistics.from_statistics(s) for s in stats]
     for s, h in zip(stats, held):
         assert h.covs.shape[0] == int((s.counts > 0).sum()) < s.n_classes  # only the held classes' D x D
@@ -670,7 +659,7 @@ def test_the_geometry_is_the_dense_pooling_of_the_stacked_statistics():
     aggregate's own steps: the geometry the scale change must not move."""
     from geomkern.ops.eigh import eigh
 
-    stats = _held_stats(K=12, C=4, D=10, seed=3)
+    stats = client_statistics(K=12, C=4, D=10, seed=3)
     counts, mu, cov = pool_moments(torch.stack([s.counts for s in stats]), torch.stack([s.means for s in stats]),
                                    torch.stack([s.covs for s in stats]))
     cov = 0.5 * (cov + cov.mT)
@@ -684,7 +673,7 @@ def test_the_geometry_is_the_dense_pooling_of_the_stacked_statistics():
 
 def test_a_nonzero_covariance_of_an_unheld_class_is_kept():
     """HeldStatistics stays exact for statistics that break the zero-covariance convention."""
-    s = _held_stats(K=1, C=4, D=6)[0]
+    s = client_statistics(K=1, C=4, D=6)[0]
     covs = s.covs.clone()
     covs[3] = torch.eye(6)  # class 3 has count 0
     odd = ggeur.ClassStatistics(s.counts, s.means, covs)
