@@ -102,6 +102,10 @@ class RunConfig:
         # what the value tables cannot see: the plug-ins' own checks and how they combine
         for m in self.methods:
             algo = build_algorithm(m.algorithm, **m.algorithm_params)  # unknown hyper-parameters raise here
+            try:
+                algo.check_run(self.local_epochs)
+            except ValueError as exc:
+                bad(f"methods[{m.name}].algorithm_params", f"do not fit the run: {exc}")
             if getattr(algo, "needs_trunk", False) and not has_trunk(MODELS[self.model]):
                 bad("model", f"is {self.model!r}, which has no trunk, but methods[{m.name}].algorithm "
                     f"{m.algorithm!r} trains a classifier on trunk features: use model='mlp'")

@@ -86,6 +86,10 @@ class Algorithm:
     def __init__(self, **hparams):
         self.hp = merge_params(self.name, "hyper-parameter", self.defaults, hparams)
 
+    def check_run(self, local_epochs: int) -> None:
+        """Refuse, naming the setting, hyper-parameters that cannot run with the run's values
+        (RunConfig.validate calls it, before anything is written); nothing by default."""
+
     @classmethod
     def controls(cls, hp: dict) -> list[dict]:
         """The controls of this algorithm (hyper-parameters ``hp``, defaults merged in) for the

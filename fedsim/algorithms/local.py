@@ -67,6 +67,12 @@ class PersonalAlgorithm(Algorithm):
             raise ValueError(f"{self.name}: {unused} do not apply to schedule={self.hp['schedule']!r}; drop them "
                              f"or set schedule={'personal-first' if fedrep else 'fedrep'}")
 
+    def check_run(self, local_epochs: int) -> None:
+        rep = self.hp["rep_epochs"]
+        if self.hp["schedule"] == "personal-first" and self.shared_prefixes and rep > local_epochs:
+            raise ValueError(f"{self.name}: rep_epochs ({rep}) must be at most the run's local_epochs "
+                             f"({local_epochs}); lower --set {self.name}.rep_epochs or raise --epochs")
+
     def shares(self, key: str) -> bool:
         return bool(self.shared_prefixes) and key.startswith(self.shared_prefixes)
 
@@ -83,10 +89,8 @@ class PersonalAlgorithm(Algorithm):
         own = tuple(m for m in PARTS if m not in shared)
         if not shared:
             return [Phase(own, local_epochs)]
+        self.check_run(local_epochs)  # (RunConfig.validate asks first; this is for a direct caller)
         rep = self.hp["rep_epochs"]
-        if rep > local_epochs:  # checked in every round, so round 0 already stops such a run
-            raise ValueError(f"{self.name}: rep_epochs ({rep}) must be at most the run's local_epochs "
-                             f"({local_epochs}); lower --set {self.name}.rep_epochs or raise --epochs")
         if round < self.hp["rep_start_round"]:
             return [Phase(own, local_epochs)]
         return [Phase(own, local_epochs - rep), Phase(shared, rep)]

@@ -324,6 +324,15 @@ def test_schedule_errors_name_the_setting(tmp_path):
     ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
     with pytest.raises(ValueError, match=r"rep_epochs \(4\) must be at most the run's local_epochs \(3\)"):
         run_personal_method(_cfg(rounds=1, local_epochs=3), spec, 0, ds, tmp_path, progress=False)
+    # a whole run refuses it while checking its configuration, before anything is written
+    from fedsim.runner import RunConfig, run
+
+    cfg = RunConfig(dataset="toy:linear-mapping", model="personal", n_clients=4, rounds=1, local_epochs=3,
+                    methods=[spec])
+    with pytest.raises(ValueError, match=r"methods\[FLIC\].algorithm_params do not fit the run: flic: rep_epochs "
+                                         r"\(4\) must be at most the run's local_epochs \(3\)"):
+        run(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_fixed_anchors_move_only_their_means_and_adam_is_used(monkeypatch, tmp_path):
