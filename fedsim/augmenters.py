@@ -540,10 +540,6 @@ class FedMCAugmenter(Augmenter):
                              "out), so there is no dictionary to fuse")
         return fedmc.setup_server_fuse([lgds[k] for k in sorted(lgds)], n_entries=self.p["n_entries"], seed=self.seed)
 
-    def _take_basis(self, payload: dict) -> None:
-        """A client keeps the GAB and gamma sent after step 2."""
-        self.B, self.gamma = payload["gab"].basis, float(payload["gamma"])
-
     def _use(self, dictionary) -> None:
         """Calibrate with ``dictionary`` (None: no calibration); its constants are prepared once."""
         if dictionary is None or dictionary is not self.dictionary or self.prepared is None:
@@ -551,7 +547,28 @@ class FedMCAugmenter(Augmenter):
         self.dictionary = dictionary
 
     def _state(self) -> dict:
-        return {} if self.B is None else {"gab": fedmc.GAB(self.B), "gamma": self.gamma}
+        """What a client holds, as a payload: the GAB and gamma once sent, and the dictionary it
+        calibrates with (what goes down, and what a client keeps between messages)."""
+        if self.B is None:
+            return {}
+        return {"gab": fedmc.GAB(self.B), "gamma": self.gamma,
+                **({} if self.dictionary is None else {"dictionary": self.dictionary})}
+
+    def _take(self, payload: dict) -> None:
+        """A client takes a ``_state`` payload: the GAB and gamma where sent, and the dictionary
+        (absent: none)."""
+        if "gab" in payload:
+            self.B, self.gamma = payload["gab"].basis, float(payload["gamma"])
+        self._use(payload.get("dictionary"))
+
+    def download(self, step, cid, payload, *, round):
+        self._take(payload)
+
+    def client_state(self, cid, data):
+        return self._state()
+
+    def load_client_state(self, cid, state):
+        self._take(state)
 
     def _calibrate(self, data: ClientData, rows: torch.Tensor, generator):
         p = self.p
@@ -629,23 +646,11 @@ class FedMCAlgorithm1(FedMCAugmenter):
         self.previous = [int(k) for k in clients]
         d = self.dictionary
         self.round_bytes = (sum(g.nbytes() for g in lgds.values()), 0 if d is None else len(clients) * d.nbytes())
-        return {k: ({} if d is None else {"dictionary": d}) for k in clients}
+        return {k: ({} if d is None else {"dictionary": d}) for k in clients}  # B and gamma are kept from set-up
 
-    def download(self, step, cid, payload, *, round):
-        if step == "prototypes":
-            self._take_basis(payload)
-        elif step == "lgd":
-            self._use(payload.get("dictionary"))
-            self.replaces_data = self.prepared is not None
-
-    def client_state(self, cid, data):
-        return {**self._state(), **({} if self.dictionary is None else {"dictionary": self.dictionary})}
-
-    def load_client_state(self, cid, state):
-        if "gab" in state:
-            self._take_basis(state)
-            self._use(state.get("dictionary"))
-            self.replaces_data = self.prepared is not None
+    def _use(self, dictionary) -> None:
+        super()._use(dictionary)
+        self.replaces_data = self.prepared is not None  # with a dictionary, calibrated rows replace real ones
 
     def state_dict(self):
         return {"released": list(self.released), "previous": self.previous}
@@ -683,7 +688,7 @@ class FedMCFixed(FedMCAugmenter):
 
     def bind(self, **kw):
         super().bind(**kw)
-        self.spent, self.delta = [], self.p["delta"]
+        self.spent = []
 
     def steps(self, round, clients):
         return [("prototypes", clients), ("lgd", clients)] if round is None else []
@@ -713,15 +718,10 @@ class FedMCFixed(FedMCAugmenter):
         self.setup_bytes = (sum(nbytes(pr.centers, pr.counts) + (lgds[k].nbytes() if k in lgds else 0)
                                 for k, pr in self._released.items()),
                             len(self.spent) * (nbytes(self.B) + self.dictionary.nbytes()))
-        return {k: {**self._state(), "dictionary": self.dictionary} for k in clients}
-
-    def download(self, step, cid, payload, *, round):
-        self._take_basis(payload)
-        if "dictionary" in payload:
-            self._use(payload["dictionary"])
+        return {k: self._state() for k in clients}
 
     def client_state(self, cid, data):
-        state = {**self._state(), **({} if self.dictionary is None else {"dictionary": self.dictionary})}
+        state = self._state()
         if cid in self.gens:  # between its two releases
             state["generator"] = self.gens[cid].get_state()
         return state
@@ -731,13 +731,10 @@ class FedMCFixed(FedMCAugmenter):
             gen = torch.Generator()
             gen.set_state(state["generator"])
             self.gens[cid] = gen
-        if "gab" in state:
-            self._take_basis(state)
-            if "dictionary" in state:
-                self._use(state["dictionary"])
+        self._take(state)
 
     def privacy(self, n_clients):  # prototypes, then patch centres: two DP releases per client
-        return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.delta,
+        return {"epsilon_spent": [e if math.isfinite(e) else None for e in self.spent], "delta": self.p["delta"],
                 "releases": 2}
 
     def augment(self, cid, data, *, generator):

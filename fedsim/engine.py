@@ -28,8 +28,8 @@ class Engine:
 
     def start(self, cfg, spec, seed: int, clients: list, augmenter, model, n_classes: int) -> None:
         """Before the exchange of one (method, seed): every client's data (the local view; an engine
-        whose clients hold their own data may ignore it), its augmenter (the server's) and a model
-        of the run's architecture."""
+        whose clients hold their own data may ignore it), its augmenter (the server's, already
+        bound to the run) and a model of the run's architecture."""
         raise NotImplementedError
 
     def exchange(self, augmenter, round: int | None, clients: list[int]) -> None:
@@ -55,8 +55,6 @@ class LocalEngine(Engine):
     def start(self, cfg, spec, seed, clients, augmenter, model, n_classes):
         self.cfg, self.seed, self.clients, self.augmenter, self.model = cfg, seed, clients, augmenter, model
         self.n_classes = n_classes
-        x = clients[0].x
-        augmenter.bind(n_classes=n_classes, seed=seed, dim=x.shape[1], dtype=x.dtype)
 
     def exchange(self, augmenter, round, clients):
         augmenter.exchange(round, clients, self.clients)

@@ -295,6 +295,8 @@ class GlobalFederation(Federation):
         cfg, ds = self.cfg, self.ds
         self.augmenter = build_augmenter(self.spec.augmenter, **self.spec.augmenter_params)
         self.augmenter.rounds = cfg.rounds
+        # the server's side (and, on the local engine, every client's): uploads are checked against D and dtype
+        self.augmenter.bind(n_classes=ds.n_classes, seed=self.seed, dim=ds.dim, dtype=ds.x_train.dtype)
         t0 = time.perf_counter()
         self.engine.start(cfg, self.spec, self.seed, self.clients, self.augmenter, self.model, ds.n_classes)
         self.engine.exchange(self.augmenter, None, list(range(self.n_clients)))

@@ -94,16 +94,10 @@ def _augmenter(cfg, spec, seed: int, data, ds):
 
 
 @app.query("upload")
-def upload(msg: Message, context: Context) -> Message:
-    """One exchange step's upload (the augmenter's ``upload``; nothing from a client that sends none)."""
-    cfg, spec, seed, _, cid, data, ds, key = _unpack(msg, context)
-    return answer(msg, context, _augmenter(cfg, spec, seed, data, ds), cid, data, f"{key}.aug")
-
-
 @app.query("download")
-def download(msg: Message, context: Context) -> Message:
-    """One exchange step's result for this client: checked here (codec.take: each container's
-    from_bytes), taken by the augmenter's ``download``, kept in context.state."""
+def exchange(msg: Message, context: Context) -> Message:
+    """One exchange step: the augmenter's upload (nothing from a client that sends none), or its
+    download (checked by codec.take: each container's from_bytes), kept in context.state."""
     cfg, spec, seed, _, cid, data, ds, key = _unpack(msg, context)
     return answer(msg, context, _augmenter(cfg, spec, seed, data, ds), cid, data, f"{key}.aug")
 
@@ -133,7 +127,7 @@ def train(msg: Message, context: Context) -> Message:
     global_params = codec.tensors(msg.content.array_records["global"], device=dev)
     try:
         upd, t_geom, t_train = client_round(cfg, algo, aug, _model(cfg, ds), global_params, data,
-                                                   seed=seed, round=r, cid=cid, n_classes=ds.n_classes)
+                                            seed=seed, round=r, cid=cid, n_classes=ds.n_classes)
     except DivergedError as exc:  # the server names the client and the likely cause
         return _reply(msg, diverged=ConfigRecord({"what": str(exc)}))
     context.state[f"{key}.algo"] = codec.arrays(_own_state(algo.state_dict(), cid))

@@ -134,7 +134,6 @@ class FlowerEngine(Engine):
     # ------------------------------------------------------------------ the augmenter's exchange
     def start(self, cfg, spec, seed, clients, augmenter, model, n_classes):
         self.spec, self.seed, self.before = spec, seed, dict(self.wire)
-        augmenter.bind(n_classes=n_classes, seed=seed, dim=self.ds.dim, dtype=self.ds.x_train.dtype)
 
     def exchange(self, augmenter, round, clients):
         """The augmenter's steps of ``round`` through messages (exchange.serve_exchange); an upload
@@ -185,11 +184,10 @@ class FlowerEngine(Engine):
         n = sum(int(m["n"]) for m in ms)
         return sum(float(m["accuracy"]) * int(m["n"]) for m in ms) / n if n else None
 
-
     def finish(self, spec, seed, global_params, timings):
         """The engine's own record: its name, the final model's accuracy on every client's own rows
         (federated evaluation) and the payload bytes of its messages."""
-        timings["engine"] = "flower"
+        timings["engine"] = self.name
         timings["federated_accuracy"] = self.evaluate(spec, seed, global_params)
         timings["wire_bytes_up"] = self.wire["up"] - self.before["up"]
         timings["wire_bytes_down"] = self.wire["down"] - self.before["down"]
