@@ -4,7 +4,6 @@ per-set Lloyd kernel of the batched K-Means."""
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -113,11 +112,10 @@ def test_native_rbf_matmul_signed_V_and_empty():
 # ------------------------------------------------------------------------------------- rbf_gram
 @pytest.mark.parametrize("n,m,D", [(1, 1, 1), (5, 3, 2), (129, 1025, 3), (300, 7, 33), (1100, 1031, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_native_rbf_gram_is_thread_independent(n, m, D, dtype):
+def test_native_rbf_gram_is_thread_independent(n, m, D, dtype, seed):
     """Tiles of 128 x 1,024 around every edge, on an offset cloud: the symmetric and the cross Gram
     have the same bits at 1 and 2 threads (one thread per tile). Their values against float64: the
     oracle table of tests/geomkern/test_rbf.py (entry native, the same shapes as its offset rows)."""
-    seed = secrets.randbits(31)
     gen = torch.Generator().manual_seed(seed)
     X = torch.randn(n, D, generator=gen, dtype=torch.float64) + 3.0
     Y = torch.randn(m, D, generator=gen, dtype=torch.float64) + 3.0
@@ -304,12 +302,11 @@ def _variant_outputs(seed):
     return out
 
 
-def test_every_cpu_isa_variant_computes_the_same_bits():
+def test_every_cpu_isa_variant_computes_the_same_bits(seed):
     C = native._C
     variants = C.cpu_isas()
     if len(variants) < 2:
         pytest.skip(f"this CPU runs one variant of geomkern._C only ({variants})")
-    seed = secrets.randbits(31)
     before = C.cpu_isa()
     try:
         outs = {}

@@ -3,7 +3,6 @@ sklearn.cluster.KMeans, batched segments, consistency, determinism."""
 from __future__ import annotations
 
 import importlib.util
-import secrets
 
 import numpy as np
 import pytest
@@ -180,8 +179,7 @@ def _kmeans_entries():
 @pytest.mark.parametrize("entry", _kmeans_entries())
 @pytest.mark.parametrize("sizes,k,D,spread,shift", KMEANS_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-def test_kmeans_matches_float64_lloyd_on_every_backend(entry, sizes, k, D, spread, shift, dtype, request):
-    seed = secrets.randbits(31)
+def test_kmeans_matches_float64_lloyd_on_every_backend(entry, sizes, k, D, spread, shift, dtype, request, seed):
     gen = torch.Generator().manual_seed(seed)
     X = _blob_sets(sizes, k, D, spread, shift, gen).to(dtype)
     off = offsets_from_sizes(sizes)
@@ -240,8 +238,7 @@ def _assign_entries():
 @pytest.mark.parametrize("entry", _assign_entries())
 @pytest.mark.parametrize("m,n,k,D,shift", ASSIGN_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-def test_assign_matches_float64_on_every_backend(entry, m, n, k, D, shift, dtype, request):
-    seed = secrets.randbits(31)
+def test_assign_matches_float64_on_every_backend(entry, m, n, k, D, shift, dtype, request, seed):
     gen = torch.Generator().manual_seed(seed)
     shape_x, shape_c = ((m, n, D), (m, k, D)) if m else ((n, D), (k, D))
     X = (torch.randn(*shape_x, generator=gen, dtype=torch.float64) + shift).to(dtype)

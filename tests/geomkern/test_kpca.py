@@ -10,7 +10,6 @@ Eigenvalues (Weyl: error <= |dKc|) need no such guard and are also checked on de
 from __future__ import annotations
 
 import importlib.util
-import secrets
 
 import numpy as np
 import pytest
@@ -240,8 +239,8 @@ def _projection_entries():
 @pytest.mark.parametrize("entry", _projection_entries())
 @pytest.mark.parametrize("sizes,S,d", PROJECTION_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-def test_projection_matches_float64_on_every_backend(entry, sizes, S, d, dtype, request):
-    seed, D = secrets.randbits(31), 7
+def test_projection_matches_float64_on_every_backend(entry, sizes, S, d, dtype, request, seed):
+    D = 7
     gen = torch.Generator().manual_seed(seed)
     X = torch.randn(sum(sizes), D, generator=gen, dtype=torch.float64).to(dtype)
     alphas = torch.randn(sum(sizes), d, generator=gen, dtype=torch.float64).to(dtype)
@@ -346,8 +345,7 @@ def _kpca_entries():
 @pytest.mark.parametrize("solver", ("dense", "subspace", "auto"))
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_kpca_of_many_clusters_matches_float64_on_every_backend(entry, sizes, D, d, shift, solver, dtype,
-                                                                request):
-    seed = secrets.randbits(31)
+                                                                request, seed):
     gen = torch.Generator().manual_seed(seed)
     g = 1.0 / (2.0 * D)
     X = _gapped_blobs(sizes, D, d, g, gen, dtype, shift)
@@ -423,8 +421,7 @@ def _segmented_gram_entries():
 @pytest.mark.parametrize("center,entry", _segmented_gram_entries())
 @pytest.mark.parametrize("sizes,D,shift", SEGMENTED_GRAM_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-def test_segmented_gram_matches_float64_on_every_backend(entry, sizes, D, shift, center, dtype, request):
-    seed = secrets.randbits(31)
+def test_segmented_gram_matches_float64_on_every_backend(entry, sizes, D, shift, center, dtype, request, seed):
     gen = torch.Generator().manual_seed(seed)
     X = (torch.randn(sum(sizes), D, generator=gen, dtype=torch.float64) * 1.5 + shift).to(dtype)
     off = offsets_from_sizes(sizes)
@@ -477,8 +474,7 @@ def _triton_segment_means(device, X, off):
 @pytest.mark.parametrize("entry", _triton_entries())
 @pytest.mark.parametrize("sizes,D,scale,shift", SEGMENT_MEANS_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-def test_segment_means_match_float64_on_every_backend(entry, sizes, D, scale, shift, dtype, request):
-    seed = secrets.randbits(31)
+def test_segment_means_match_float64_on_every_backend(entry, sizes, D, scale, shift, dtype, request, seed):
     gen = torch.Generator().manual_seed(seed)
     X = (torch.randn(sum(sizes), D, generator=gen, dtype=torch.float64) * scale + shift).to(dtype)
     off = offsets_from_sizes(sizes)

@@ -3,7 +3,6 @@ kernel values from sklearn's rbf_kernel, losses recomputed with numpy)."""
 from __future__ import annotations
 
 import importlib.util
-import secrets
 
 import numpy as np
 import pytest
@@ -371,7 +370,7 @@ def _table_problem(kind, b, S, D, seed, dtype):
 @pytest.mark.parametrize("kind,b,S,D,steps_list", _rows())
 @pytest.mark.parametrize("method", ["gd", "fixed_point"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_preimage_kernels_match_float64_reference(entry, kind, b, S, D, steps_list, method, dtype, request):
+def test_preimage_kernels_match_float64_reference(entry, kind, b, S, D, steps_list, method, dtype, request, seed):
     """Every pre-image kernel (reference, native CPU in both forms, Triton, CUDA emulated and on a
     GPU) on the same rounded inputs, against the float64 reference at TOL: shape, dtype, no NaN
     (Triton's buffers start as NaN, the emulation's output too), steps = 0 returns Z0 exactly."""
@@ -387,7 +386,6 @@ def test_preimage_kernels_match_float64_reference(entry, kind, b, S, D, steps_li
         steps_list = tuple(s for s in steps_list if s <= 2)  # 25 steps in the interpreter: GPU only
     if entry == "cuda" and native.why_not("cuda"):
         pytest.skip(native.why_not("cuda"))
-    seed = secrets.randbits(31)
     Z0, B, T, A, gamma = _table_problem(kind, b, S, D, seed, dtype)
     X = T if method == "gd" else A
     lr = pre_mod.default_gd_lr(Z0, B, gamma)
@@ -426,8 +424,7 @@ ORACLE_STEPS = (0, 1, 25)
 @pytest.mark.parametrize("shape", ORACLE_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
 @pytest.mark.parametrize("method", ["gd", "fixed_point"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-def test_matches_float64_reference(shape, method, dtype, backend):
-    seed = secrets.randbits(31)
+def test_matches_float64_reference(shape, method, dtype, backend, seed):
     Z0, B, T, gamma = preimage_problem(*shape, seed)
     Z0, B, T = Z0.to(dtype), B.to(dtype), T.to(dtype)  # the inputs every backend sees
     for steps in ORACLE_STEPS:
@@ -456,14 +453,13 @@ def _native_kernel(op):
 
 @pytest.mark.parametrize("b", [20, 257])
 @pytest.mark.parametrize("method", ["gd", "fixed_point"])
-def test_native_result_does_not_depend_on_thread_count(method, b):
+def test_native_result_does_not_depend_on_thread_count(method, b, seed):
     # The kernel picks a narrower tile when there are more threads than wide tiles; the order of
     # every sum is the same for all tile widths, so the result is bitwise the same (b=257 and
     # b=20 take 4-, 2- and 1-vector tiles between 1 and 3 threads with AVX-512). Called below
     # gk.preimage: the default lr and the fixed-point coefficients come from torch/MKL ops,
     # which need not be bitwise reproducible across thread counts.
     kernel = _native_kernel(f"preimage_{method}")
-    seed = secrets.randbits(31)
     Z0, B, T, gamma = preimage_problem(b, 33, 70, seed)
     Z0, B, T = Z0.float(), B.float(), T.float()
     args = (Z0, B, T, gamma, 5, torch.full((Z0.shape[0],), 2.0)) if method == "gd" else (Z0, B, T, gamma, 5)
@@ -479,8 +475,7 @@ def test_native_result_does_not_depend_on_thread_count(method, b):
 
 
 @pytest.mark.parametrize("backend", backends_for("preimage_gd"), indirect=True)
-def test_gd_default_lr_reduces_loss(backend):
-    seed = secrets.randbits(31)
+def test_gd_default_lr_reduces_loss(backend, seed):
     g = torch.Generator().manual_seed(seed)
     b, S, D = 200, 64, 40
     B = torch.randn(S, D, generator=g, dtype=torch.float64)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import secrets
 import subprocess
 import sys
 
@@ -100,7 +99,7 @@ def _gram_entries():
 @pytest.mark.parametrize("entry", _gram_entries())
 @pytest.mark.parametrize("kind,data,n,m,D", GRAM_ROWS)
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
-def test_rbf_gram_matches_float64_on_every_backend(entry, kind, data, n, m, D, dtype, request):
+def test_rbf_gram_matches_float64_on_every_backend(entry, kind, data, n, m, D, dtype, request, seed):
     """Shape and dtype; the symmetric Gram exactly symmetric with a unit diagonal; the centred one
     exactly symmetric from Triton's kernel, with columns summing to 0 from the public op; values
     within the bound of the oracle."""
@@ -113,7 +112,6 @@ def test_rbf_gram_matches_float64_on_every_backend(entry, kind, data, n, m, D, d
         pytest.skip("over 257 rows takes Triton's interpreter too long: GPU only")
     if entry == "triton-cpu" and n * m > 257 * 5 and dtype != torch.float32:
         pytest.skip("over 257 x 5 entries runs in float32 only in the interpreter (time); all dtypes on GPU")
-    seed = secrets.randbits(31)
     X, Y, g = _gram_inputs(data, n, m, D, seed)
     # the native kernel's (offset) rows keep their oracle on the unrounded float64 inputs (float32 /
     # float64, as that test ran them); elsewhere the oracle sees the rounded inputs
@@ -194,10 +192,9 @@ def _matmul_entries():
 @pytest.mark.parametrize("entry", _matmul_entries())
 @pytest.mark.parametrize("data,n,m,D,p", [pytest.param(*r, id="%s-n%d-m%d-D%d-p%d" % r) for r in MATMUL_ROWS])
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-def test_rbf_matmul_matches_float64_on_every_backend(entry, data, n, m, D, p, dtype, request):
+def test_rbf_matmul_matches_float64_on_every_backend(entry, data, n, m, D, p, dtype, request, seed):
     if entry == "triton-cpu" and (n * m > 257 * 257 or (dtype != torch.float32 and n * m > 257 * 40)):
         pytest.skip("too large for Triton's interpreter in this dtype (time): GPU only")
-    seed = secrets.randbits(31)
     gen = torch.Generator().manual_seed(seed)
     X = torch.randn(n, D, generator=gen, dtype=torch.float64)
     Y = torch.randn(m, D, generator=gen, dtype=torch.float64) + (0.5 if data == "positive-shifted" else 0.0)
