@@ -179,3 +179,14 @@ def test_the_flower_apps_never_branch_on_an_augmenter():
         tree = ast.parse((ROOT / "fedsim" / "flower" / f).read_text())
         found = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names]
         assert not found, (f, found)
+
+
+def test_the_tests_import_the_checkouts_packages():
+    """tests/geomkern and tests/fedsim (no __init__.py, on sys.path under pytest's prepend import
+    mode) must not stand in for the packages as empty namespace packages: pyproject's
+    ``pythonpath = ["."]`` puts the checkout first, wherever pytest is started from."""
+    import fedsim
+    import geomkern
+
+    assert geomkern.__file__ == str(ROOT / "geomkern" / "__init__.py"), geomkern
+    assert fedsim.__file__ == str(ROOT / "fedsim" / "__init__.py"), fedsim
