@@ -512,10 +512,14 @@ class Plan:
     engine_name: str
     write_config: bool
     seeds: list[int]
-    data: dict  # seed -> the personalised path's PersonalDataset; for the global path the Dataset under key None
-    partitions: dict  # seed -> the global path's partition (empty on the personalised path)
+    ds: object | None  # the global path's Dataset (None on the personalised path)
+    partitions: dict  # seed -> the global path's partition
     dataset_sum: str | None
-    personal: bool
+    personal_data: dict  # seed -> the personalised path's PersonalDataset
+
+    @property
+    def personal(self) -> bool:
+        return self.ds is None
 
 
 def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None = None,
@@ -566,8 +570,8 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
     write_config = not resume or cfg.rounds != stored_rounds
     if personal:  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)
         # config.json is written again on resume (it may have raised rounds)
-        return Plan(cfg, out, resume, engine_name, True, seeds, {s: personal_dataset(cfg, s) for s in seeds}, {},
-                    None, True)
+        return Plan(cfg, out, resume, engine_name, True, seeds, None, {}, None,
+                    {s: personal_dataset(cfg, s) for s in seeds})
     ds = load_dataset(cfg.dataset)  # before writing anything: a bad dataset leaves no run folder
     check_model_memory(cfg, ds.dim, ds.n_classes)  # before the model is built (below) or anything written
     present = torch.unique(ds.y_train)
@@ -586,15 +590,15 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
     partitions = {s: make_partition(cfg, ds, s) for s in seeds}
     with torch.random.fork_rng(devices=[]):  # model parameters it cannot build fail before anything is written
         build_model(cfg.model, ds.dim, ds.n_classes, class_names=ds.class_names, **cfg.model_params)
-    return Plan(cfg, out, resume, engine_name, write_config, seeds, {None: ds}, partitions,
-                _checkpoint.dataset_checksum(ds), False)
+    return Plan(cfg, out, resume, engine_name, write_config, seeds, ds, partitions, _checkpoint.dataset_checksum(ds),
+                {})
 
 
 def execute(p: Plan, *, engine: Engine | None = None, progress: bool = True) -> dict:
     """Run a ``plan``: every method for every seed, then results.json/.csv, timings.json and plots.
     A fresh run that fails before its first checkpoint removes what it wrote."""
     engine = engine or LocalEngine(progress=progress)
-    cfg, out = p.cfg, p.out
+    cfg, out, ds = p.cfg, p.out, p.ds
     created = [q for q in (out, *out.parents) if not q.exists()]  # deepest first
     out.mkdir(parents=True, exist_ok=True)
     if p.resume:
@@ -604,11 +608,10 @@ def execute(p: Plan, *, engine: Engine | None = None, progress: bool = True) -> 
         write_config_json(cfg, out, p.engine_name)
     try:
         if p.personal:
-            first = p.data[p.seeds[0]]
+            first = p.personal_data[p.seeds[0]]
             results = {"config": results_config(cfg), "dataset": first.summary(), "personalised": True, "methods": {}}
             summary_data, parts = first, first.parts
         else:
-            ds = p.data[None]
             engine.open(cfg, ds)
             results = {"config": results_config(cfg), "dataset": ds.summary(), "methods": {}}
             summary_data, parts = ds, p.partitions[p.seeds[0]]
@@ -624,7 +627,7 @@ def execute(p: Plan, *, engine: Engine | None = None, progress: bool = True) -> 
                 for s in p.seeds:
                     run_dir = out / "runs" / f"{slug(spec.name)}-seed{s}"
                     if p.personal:
-                        per_seed[str(s)], tim[str(s)] = run_personal_method(cfg, spec, s, p.data[s], run_dir,
+                        per_seed[str(s)], tim[str(s)] = run_personal_method(cfg, spec, s, p.personal_data[s], run_dir,
                                                                             progress=progress)
                     else:
                         # the centralised row's one client holds every client's rows: it runs here
