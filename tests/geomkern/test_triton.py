@@ -413,3 +413,47 @@ def test_auto_prefers_triton_on_cuda_where_it_measured_faster():
         assert "triton" not in _dispatch._REGISTRY[op].auto_order.get("cuda", ()), op
     for op, entry in _dispatch._REGISTRY.items():
         assert "triton" not in entry.auto_order.get("cpu", ()), op
+
+
+def _kernels():
+    """Every @triton.jit kernel a launcher starts (the JITFunctions defined in the backend's modules
+    whose names start with an underscore and end in _kernel)."""
+    mods = (trbf, tkpca, tkmeans, tpre)
+    # .fn: the Python function under @triton.jit (a JITFunction, or the interpreter's wrapper)
+    out = {f"{m.__name__.rsplit('.', 1)[1]}.{n}": f for m in mods for n, f in vars(m).items()
+           if n.endswith("_kernel") and callable(getattr(f, "fn", None))}
+    assert len(out) >= 8, sorted(out)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_kernels()))
+def test_kernels_stand_alone_as_inductor_copies_them(name, tmp_path):
+    """torch.compile on a GPU compiles a copy of each kernel: Inductor writes the kernel's source,
+    the @triton.jit functions it calls and its plain constant globals into a fresh module, and
+    nothing else (torch._inductor.codegen.wrapper.user_defined_triton_kernel_transitive_closure_
+    source_code). A kernel that reaches a helper through a module alias (``C.mma``) compiled in
+    eager mode but not under torch.compile (H100, GPU session 11: "C is not defined"). Here, on
+    CPU: exec that copy as Inductor does and check every global name each function in it reads."""
+    if IN_INTERPRETER:
+        pytest.skip("Inductor copies compiled kernels (JITFunction); this process interprets them")
+    import builtins
+    import dis
+    import importlib.util
+
+    from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+    from triton.runtime.jit import JITFunction
+    kernel = _kernels()[name]
+    src = user_defined_triton_kernel_transitive_closure_source_code(kernel)
+    # Inductor's header for user kernels (async_compile.triton's module): triton and tl; a file,
+    # because @triton.jit reads its function's source
+    path = tmp_path / "inductor_copy.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n@triton.jit\n" + src)
+    spec = importlib.util.spec_from_file_location(f"inductor_copy_{name.replace('.', '_')}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ns = vars(mod)
+    fns = [v for v in ns.values() if isinstance(v, JITFunction)]
+    assert kernel.fn.__name__ in ns, src[:500]
+    missing = {f"{f.fn.__name__}: {i.argval}" for f in fns for i in dis.Bytecode(f.fn)
+               if i.opname == "LOAD_GLOBAL" and i.argval not in ns and not hasattr(builtins, i.argval)}
+    assert not missing, f"names the Inductor copy of {name} cannot resolve: {sorted(missing)}"

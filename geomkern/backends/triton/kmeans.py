@@ -13,6 +13,9 @@ import triton.language as tl
 from ... import _dispatch
 from ...ops.kmeans import lloyd
 from . import _common as C
+# the kernels call mma by its own name: torch.compile (Inductor) copies a kernel with the @triton.jit
+# functions it names, and a module alias such as C does not come along (tests/geomkern/test_triton.py)
+from ._common import mma
 from .rbf import sm_count
 
 
@@ -43,7 +46,7 @@ def _assign_kernel(X, Cen, CC, Labels, n, k, D, BLOCK_M: tl.constexpr, BLOCK_C: 
             c = tl.load(c_rows + kk[None, :], mask=(rc[:, None] < k) & (kk[None, :] < D), other=0.0)
             xf = x.to(ACC)
             xx += tl.sum(xf * xf, 1)
-            xy = C.mma(x, tl.trans(c), xy, PRECISION)
+            xy = mma(x, tl.trans(c), xy, PRECISION)
         cc = tl.load(CC + g * k + rc, mask=rc < k, other=0.0)
         d2 = tl.maximum(xx[:, None] + cc[None, :] - 2.0 * xy, 0.0)
         d2 = tl.where(rc[None, :] < k, d2, float("inf"))

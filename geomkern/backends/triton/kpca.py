@@ -13,6 +13,9 @@ import triton.language as tl
 
 from ... import _dispatch
 from . import _common as C
+# the kernels call mma by its own name: torch.compile (Inductor) copies a kernel with the @triton.jit
+# functions it names, and a module alias such as C does not come along (tests/geomkern/test_triton.py)
+from ._common import mma
 from .rbf import _sqdist_tile, sm_count, sym_gram, wave_splits
 
 
@@ -63,7 +66,7 @@ def _projection_kernel(X, Alphas, Offsets, B, Params, Out, D, S, d, SPLITS,
         # components past d are zero columns of the dot
         a = tl.load(Alphas + ra.to(tl.int64)[:, None] * d + rc[None, :],
                     mask=(ra[:, None] < end) & (rc[None, :] < d), other=0.0)
-        acc = C.mma(k.to(Alphas.dtype.element_ty), a, acc, PRECISION)
+        acc = mma(k.to(Alphas.dtype.element_ty), a, acc, PRECISION)
     Oj = Out + (split.to(tl.int64) * tl.num_programs(0) // SPLITS + j) * d * S
     tl.store(Oj + rc[None, :] * S + rs[:, None], acc.to(Out.dtype.element_ty),
              mask=(rc[None, :] < d) & (rs[:, None] < S))

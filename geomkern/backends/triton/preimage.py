@@ -28,6 +28,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import _dispatch
 from . import _common as C
+# the kernels call mma by its own name: torch.compile (Inductor) copies a kernel with the @triton.jit
+# functions it names, and a module alias such as C does not come along (tests/geomkern/test_triton.py)
+from ._common import mma
 
 
 @triton.jit
@@ -63,7 +66,7 @@ def _preimage_kernel(Z0, Zk, Zn, Bk, Bn, BB, T, Step, Params, Wn, Wk, b, S, D, s
         for s0 in range(0, S, BLOCK_N):
             zb = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
             for k0 in range(0, D, BLOCK_K):
-                zb = C.mma(Zk.load([row0, k0]).to(ACC), tl.trans(Bk.load([s0, k0]).to(ACC)), zb,
+                zb = mma(Zk.load([row0, k0]).to(ACC), tl.trans(Bk.load([s0, k0]).to(ACC)), zb,
                            PRECISION)
             s_ok = s0 + rn < S
             bb = tl.load(BB + s0 + rn, mask=s_ok, other=0.0)
@@ -86,7 +89,7 @@ def _preimage_kernel(Z0, Zk, Zn, Bk, Bn, BB, T, Step, Params, Wn, Wk, b, S, D, s
         for d0 in range(0, D, BLOCK_N):
             wb = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
             for k0 in range(0, S, BLOCK_K):
-                wb = C.mma(Wk.load([row0, k0]), Bn.load([k0, d0]).to(ACC), wb, PRECISION)
+                wb = mma(Wk.load([row0, k0]), Bn.load([k0, d0]).to(ACC), wb, PRECISION)
             z = Zn.load([row0, d0]).to(ACC)
             if FIXED_POINT:
                 z = tl.where(ok[:, None], wb / den[:, None], z)

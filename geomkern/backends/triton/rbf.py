@@ -16,6 +16,9 @@ import triton.language as tl
 
 from ... import _dispatch
 from . import _common as C
+# the kernels call mma by its own name: torch.compile (Inductor) copies a kernel with the @triton.jit
+# functions it names, and a module alias such as C does not come along (tests/geomkern/test_triton.py)
+from ._common import mma
 
 
 @triton.jit
@@ -44,7 +47,7 @@ def _sqdist_tile(X, Y, rm, rn, n_x, n_y, D, Shift, SHIFT: tl.constexpr, BLOCK_M:
         yf = y.to(ACC)
         xx += tl.sum(xf * xf, 1)
         yy += tl.sum(yf * yf, 1)
-        xy = C.mma(x, tl.trans(y), xy, PRECISION)
+        xy = mma(x, tl.trans(y), xy, PRECISION)
     return tl.maximum(xx[:, None] + yy[None, :] - 2.0 * xy, 0.0)
 
 
@@ -168,7 +171,7 @@ def _rbf_matmul_kernel(X, Y, V, XX, YY, Params, Out, n_x, n_y, D, p, y_chunk,
         if X_RESIDENT:
             y = tl.load(Y + rn.to(tl.int64)[:, None] * D + rd[None, :],
                         mask=(rn[:, None] < n_hi) & (rd[None, :] < D), other=0.0)
-            xy = C.mma(x, tl.trans(y), tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC), PRECISION)
+            xy = mma(x, tl.trans(y), tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC), PRECISION)
         else:
             y_rows = Y + rn.to(tl.int64)[:, None] * D
             xy = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
@@ -178,12 +181,12 @@ def _rbf_matmul_kernel(X, Y, V, XX, YY, Params, Out, n_x, n_y, D, p, y_chunk,
                              other=0.0)
                 yc = tl.load(y_rows + kk[None, :], mask=(rn[:, None] < n_hi) & (kk[None, :] < D),
                              other=0.0)
-                xy = C.mma(xc, tl.trans(yc), xy, PRECISION)
+                xy = mma(xc, tl.trans(yc), xy, PRECISION)
         d2 = tl.maximum(xx[:, None] + yy[None, :] - 2.0 * xy, 0.0)
         k = tl.where(rn[None, :] < n_hi, tl.exp(-gamma * d2), 0.0)
         v = tl.load(V + rn.to(tl.int64)[:, None] * p + rp[None, :],
                     mask=(rn[:, None] < n_hi) & (rp[None, :] < p), other=0.0)
-        acc = C.mma(k.to(V.dtype.element_ty), v, acc, PRECISION)
+        acc = mma(k.to(V.dtype.element_ty), v, acc, PRECISION)
     Os = Out + pid_s.to(tl.int64) * n_x * p
     tl.store(Os + rm.to(tl.int64)[:, None] * p + rp[None, :], acc.to(Out.dtype.element_ty),
              mask=(rm[:, None] < n_x) & (rp[None, :] < p))
