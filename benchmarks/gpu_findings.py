@@ -33,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "geomkern"))
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -113,12 +114,13 @@ def kpca_eigenvalues(emit, seeds) -> None:
     from conftest import offsets_from_sizes
     from geomkern.backends.triton import kpca as tkpca
     from geomkern.ops import kpca as rkpca
-    from test_triton import _separated_clusters
+    from test_kpca import separated_cluster
 
     sizes, D, d = [7, 70, 33, 4], 4, 3
     g = 1.0 / (2.0 * D)
     for seed in seeds:
-        X = _separated_clusters(sizes, D, d, g, torch.Generator().manual_seed(seed), torch.float32)
+        gen = torch.Generator().manual_seed(seed)
+        X = torch.cat([separated_cluster(n, D, d, g, gen, torch.float32) for n in sizes])
         off = offsets_from_sizes(sizes)
         o = off.tolist()
         rec = {"finding": "kpca_eigenvalues", "seed": seed, "sizes": sizes, "D": D, "d": d}
