@@ -1231,6 +1231,50 @@ def compare_table(rows: list[dict]) -> str:
 
 # ---------------------------------------------------------------------------------- main
 
+def degenerate_cases():
+    """(name, call) for every Triton launcher at sizes of 1 beside wider sizes, float32 (the
+    default precision) and float64: Triton compiles a kernel per pattern of integer arguments
+    equal to 1, and such a variant can need other resources than the general one. The pre-image
+    kernel with S = 1 or D = 1 (and the other > 1) needed 262,184 B of shared memory against the
+    H100's 232,448 (OutOfResources at launch: GPU session 11's four failing oracle rows)."""
+    import itertools
+
+    import torch
+
+    from geomkern.backends.triton import kmeans as tkm
+    from geomkern.backends.triton import kpca as tkpca
+    from geomkern.backends.triton import preimage as tpre
+    from geomkern.backends.triton import rbf as trbf
+
+    def offsets(sizes):
+        return torch.tensor([0] + list(itertools.accumulate(sizes)))
+
+    for dt in (torch.float32, torch.float64):
+        def r(*shape, dt=dt):
+            return torch.randn(*shape, dtype=dt)
+        tag = str(dt).replace("torch.", "")
+        for n, m, D in [(1, 1, 1), (7, 1, 33), (1, 7, 33), (7, 33, 1), (300, 1, 64)]:
+            yield f"rbf_gram symmetric n{n} D{D} {tag}", lambda n=n, D=D, r=r: trbf.rbf_gram(r(n, D), None, 0.5, False)
+            yield f"rbf_gram cross n{n} m{m} D{D} {tag}", lambda n=n, m=m, D=D, r=r: trbf.rbf_gram(r(n, D), r(m, D), 0.5, False)
+            for p in (1, 16):
+                yield (f"rbf_matmul n{n} m{m} D{D} p{p} {tag}",
+                       lambda n=n, m=m, D=D, p=p, r=r: trbf.rbf_matmul(r(n, D), r(m, D), r(m, p), 0.5))
+        for sizes, D in [([1], 1), ([7, 1], 33), ([1, 300], 1)]:
+            yield (f"segmented gram sizes {sizes} D{D} {tag}",
+                   lambda sizes=sizes, D=D, r=r: tkpca.segmented_gram(r(sum(sizes), D), offsets(sizes), 0.5, True))
+        for sizes, S, d, D in [([1], 1, 1, 1), ([7], 33, 1, 1), ([7], 1, 1, 33), ([300], 64, 8, 1)]:
+            yield (f"project_onto_basis sizes {sizes} S{S} d{d} D{D} {tag}",
+                   lambda sizes=sizes, S=S, d=d, D=D, r=r: tkpca.project_onto_basis(
+                       r(sum(sizes), D), r(sum(sizes), d), offsets(sizes), r(S, D), 0.5))
+        for m, n, k, D in [(1, 1, 1, 1), (2, 7, 1, 33), (2, 7, 5, 1)]:
+            yield f"kmeans assign m{m} n{n} k{k} D{D} {tag}", lambda m=m, n=n, k=k, D=D, r=r: tkm.assign(r(m, n, D), r(m, k, D))
+        for b, S, D in [(1, 1, 1), (7, 33, 1), (33, 1, 7), (257, 1, 257)]:
+            yield (f"preimage gd b{b} S{S} D{D} {tag}",
+                   lambda b=b, S=S, D=D, r=r: tpre.preimage_gd(r(b, D), r(S, D), r(b, S), 0.5, 3, r(b).abs()))
+            yield (f"preimage fixed_point b{b} S{S} D{D} {tag}",
+                   lambda b=b, S=S, D=D, r=r: tpre.preimage_fixed_point(r(b, D), r(S, D), r(b, S), 0.5, 3))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="JSON file to write (a list of records)")
@@ -1253,7 +1297,22 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", nargs="+", metavar="JSONL",
                     help="no compiling or timing: the --model report's predictions beside the "
                     "measurements in these GPU-session files (later files win); --out gets the rows")
+    ap.add_argument("--degenerate", action="store_true",
+                    help="no report: compile every Triton launcher for sm_90 at sizes of 1 (float32 "
+                    "and float64) and print each case's outcome; exit 1 if any fails to compile")
     args = ap.parse_args(argv)
+    if args.degenerate:
+        os.environ.pop("TRITON_INTERPRET", None)
+        failed = 0
+        for name, call in degenerate_cases():
+            try:
+                with compile_only():
+                    call()
+                print(f"ok      {name}")
+            except Exception as exc:  # noqa: BLE001 - report every case, then fail
+                failed += 1
+                print(f"FAILED  {name}: {exc!r}"[:400])
+        return 1 if failed else 0
     if args.compare:
         if not args.model:
             ap.error("--compare needs --model (the compile report to hold against the measurements)")

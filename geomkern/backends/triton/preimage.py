@@ -33,7 +33,11 @@ from . import _common as C
 from ._common import mma
 
 
-@triton.jit
+# do_not_specialize: Triton compiles a variant per pattern of integer arguments equal to 1, and
+# the variant for S = 1 or D = 1 (the other > 1) asked for 262,184 B of shared memory, over an
+# H100's 232,448 (GPU session 11; tests/geomkern/test_sm90_compile.py compiles every launcher at
+# sizes of 1). One general kernel serves every size; its hot loop is the same instructions.
+@triton.jit(do_not_specialize=["b", "S", "D", "steps"])
 def _preimage_kernel(Z0, Zk, Zn, Bk, Bn, BB, T, Step, Params, Wn, Wk, b, S, D, steps,
                      FIXED_POINT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
