@@ -119,6 +119,11 @@ class PersonalNet(nn.Module):
         super().__init__()
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
             raise ValueError(f"model_params: hidden must be an integer >= 0 (0: no representation layer), got {hidden!r}")
+        for key, v in (("embed_dim", embed_dim), ("embed_hidden", embed_hidden)):
+            # 0 built empty layers that failed later, inside training ("m1 is empty")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"model_params: {key} must be an integer >= 1 (the width of phi_i's "
+                                 f"{'output' if key == 'embed_dim' else 'hidden layer'}), got {v!r}")
         self.embed = nn.Sequential(nn.Linear(dim, embed_hidden), nn.ReLU(), nn.Linear(embed_hidden, embed_dim))
         self.body = nn.Sequential(nn.Linear(embed_dim, hidden), nn.ReLU()) if hidden else nn.Identity()
         self.head = nn.Linear(hidden or embed_dim, n_classes)

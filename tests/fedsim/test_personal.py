@@ -308,6 +308,10 @@ def test_flic_class_shares_only_the_anchors(tmp_path):
     assert res["bytes_up"] > 0
     with pytest.raises(ValueError, match="hidden must be an integer >= 0"):
         PersonalNet(7, 5, hidden=-1)
+    # phi_i's widths: 0 built empty layers that failed inside training, not at the config check
+    for key, bad in (("embed_dim", 0), ("embed_hidden", 0), ("embed_dim", 2.0), ("embed_hidden", True)):
+        with pytest.raises(ValueError, match=f"model_params: {key} must be an integer >= 1"):
+            PersonalNet(7, 5, **{key: bad})
 
 
 def test_schedule_errors_name_the_setting(tmp_path):
