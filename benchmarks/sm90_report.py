@@ -754,7 +754,7 @@ def _triton_record(ln: Launch, case: Case, prec: str) -> dict:
 def _nvcc_check():
     """tests/geomkern/test_nvcc_compile.py: the CUDA sources, nvcc and flags the CI compile check uses."""
     spec = importlib.util.spec_from_file_location("_nvcc_compile_check",
-                                                  ROOT / "tests" / "test_nvcc_compile.py")
+                                                  ROOT / "tests" / "geomkern" / "test_nvcc_compile.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
