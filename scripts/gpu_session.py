@@ -26,7 +26,8 @@ Each step runs in its own process group with its own time limit, inside one over
 (GPU_SESSION_BUDGET_S, default 360 s); one step's failure or timeout never stops the next. Every
 result is appended to $OUT/session.jsonl as soon as it exists (the steps write their own records,
 every test one "test" record with its failure's message (scripts/_pytest_jsonl.py); this driver
-writes one "step" record per step), so a call cut short keeps everything measured up to then. All output goes to $OUT/session.log (the build's to $OUT/build.log).
+writes one "step" record per step), so a call cut short keeps everything measured up to then.
+All output goes to $OUT/session.log (the build's to $OUT/build.log).
 
 GPU_SESSION_DRY=1 (CI runs it: tests/test_gpu_session.py) runs the same steps on a CPU machine:
 the build for real (GEOMKERN_NO_CUDA=1), compile-only sm_90 reports instead of timings (the
@@ -44,6 +45,7 @@ then call the device tool with carry [".whl"], command `bash scripts/gpu_session
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
 import json
 import os
 import platform
@@ -195,6 +197,15 @@ def pytest_cmd(junit_xml: Path, args: list[str]) -> list[str]:
             "--junitxml", str(junit_xml)] + args
 
 
+def plugin_args(**args_by_plugin: list[str]) -> list[str]:
+    """The arguments of each optional pytest plugin (xdist, timeout) that is installed: the GPU
+    image has both; without one its step still runs, slower or unguarded, instead of failing on
+    an unknown option."""
+    mods = {"xdist": "xdist", "timeout": "pytest_timeout"}
+    return [a for name, args in args_by_plugin.items() if importlib.util.find_spec(mods[name])
+            for a in args]
+
+
 def plugin_env(step_name: str) -> dict:
     """The environment pytest_cmd's plugin needs: where it is, where to write, the step's name."""
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "scripts"), os.environ.get("PYTHONPATH"))
@@ -294,8 +305,8 @@ def main() -> int:
         # 45-250 s a file and three files ran out of their limits (GPU session 11), where 16
         # cores compile side by side. pytest-timeout stops a hung test, not the step.
         workers = max(1, min(8, (os.cpu_count() or 2) // 2))
-        args = GPU_TESTS + ["-m", "gpu", "--tb=short", "-n", str(workers),
-                            "-p", "timeout", "--timeout", "60"]
+        args = GPU_TESTS + ["-m", "gpu", "--tb=short"] + plugin_args(
+            xdist=["-n", str(workers)], timeout=["-p", "timeout", "--timeout", "60"])
         limit, tenv = 150, {}
     xml = junit / "gpu_tests.xml"
     step("gpu_tests", pytest_cmd(xml, args), limit, env={**tenv, **plugin_env("gpu_tests")},
@@ -341,7 +352,7 @@ def main() -> int:
                   # pytest-timeout (in the GPU image): a test that hangs is stopped with its
                   # stack in the log, and the rest run (session 9's first call timed out the
                   # whole step at 60 s after 30 tests without saying which one was running)
-                  "-p", "timeout", "--timeout", "40"]))
+                  ] + plugin_args(timeout=["-p", "timeout", "--timeout", "40"])))
     step("native", native, 120, env=plugin_env("native"), reserve_s=20, extra=lambda: junit_summary(nxml))
 
     # 7. the rest: other precisions + float64 + CUDA kernels beside the model; benchmark suites
