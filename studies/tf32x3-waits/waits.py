@@ -39,7 +39,7 @@ gm = sys.modules["gpu_model"]
 
 
 @triton.jit
-def _gemm(Ah, Al, Bh, Bl, Out, n, m, K, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+def _gemm(Ah, Al, Bh, Bl, Out, n, m, K, zero, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Out = A @ B^T; the split modes read A from Ah and B from Bh, the planes modes read the
     pre-split hi/lo planes."""
@@ -53,6 +53,22 @@ def _gemm(Ah, Al, Bh, Bl, Out, n, m, K, MODE: tl.constexpr, BLOCK_M: tl.constexp
         ib = rn.to(tl.int64)[:, None] * K + (k0 + rk)[None, :]
         if MODE == "split":
             acc = mma(tl.load(Ah + ia), tl.trans(tl.load(Bh + ib)), acc, "tf32x3split")
+        elif MODE == "planes-fresh-one":
+            # one dot per K step over K' = 4 BLOCK_K (a power of two, as tl.arange needs): planes
+            # interleaved per block of K, A' = [a_lo | a_hi | a_hi | a_lo] against
+            # B' = [b_hi | b_lo | b_hi | b_lo] (the split's three products, small first, and the
+            # tiny lo.lo), summed in a fresh accumulator, then one FADD
+            r4 = 4 * k0 + tl.arange(0, 4 * BLOCK_K)
+            a4 = tl.load(Al + rm.to(tl.int64)[:, None] * (4 * K) + r4[None, :])
+            b4 = tl.load(Bl + rn.to(tl.int64)[:, None] * (4 * K) + r4[None, :])
+            acc = acc + tl.dot(a4, tl.trans(b4), tl.zeros(acc.shape, acc.dtype), input_precision="tf32")
+        elif MODE == "planes-fresh-one-kept":
+            # the same, with the step's accumulator a splat of a run-time zero: Triton folds
+            # "acc + dot(a, b, 0)" into "dot(a, b, acc)" (the long chain again), not this
+            r4 = 4 * k0 + tl.arange(0, 4 * BLOCK_K)
+            a4 = tl.load(Al + rm.to(tl.int64)[:, None] * (4 * K) + r4[None, :])
+            b4 = tl.load(Bl + rn.to(tl.int64)[:, None] * (4 * K) + r4[None, :])
+            acc = acc + tl.dot(a4, tl.trans(b4), tl.full(acc.shape, zero, tl.float32), input_precision="tf32")
         else:
             if MODE == "split-defer":
                 a_hi, a_lo = _tf32_split(tl.load(Ah + ia))
@@ -79,14 +95,18 @@ def _gemm(Ah, Al, Bh, Bl, Out, n, m, K, MODE: tl.constexpr, BLOCK_M: tl.constexp
 
 def main() -> int:
     n, D = 4096, 512
-    x, out = torch.empty(n, D), torch.empty(n, n)
+    x, x4, out = torch.empty(n, D), torch.empty(n, 4 * D), torch.empty(n, n)
     print("| variant | regs | spilled bytes | hot-loop instructions per K step | wgmma waits | full waits |")
     print("|---|---|---|---|---|---|")
     with rep.compile_only() as drv:
-        for mode in ("split", "split-defer", "planes-fresh", "planes-defer", "planes-chain"):
+        for mode in ("split", "split-defer", "planes-fresh", "planes-defer", "planes-chain", "planes-fresh-one",
+                     "planes-fresh-one-kept"):
             drv.launches.clear()
-            _gemm[(n // 128, n // 128)](x, x, x, x, out, n, n, D, MODE=mode, BLOCK_M=128, BLOCK_N=128,
-                                        BLOCK_K=32, num_warps=8, num_stages=3)
+            one = mode.startswith("planes-fresh-one")
+            lo = x4 if one else x
+            bk = 16 if one else 32  # 4 x 16 = 64 columns a stage in shared memory
+            _gemm[(n // 128, n // 128)](x, lo, x, lo, out, n, n, D, 0.0, MODE=mode, BLOCK_M=128, BLOCK_N=128,
+                                        BLOCK_K=bk, num_warps=8, num_stages=3)
             k = drv.launches[-1].kernel
             ptx = rep.parse_ptxas(k.metadata.ptxas_log)[k.metadata.name]
             instrs = gm.sass_functions(rep.sass(k.asm["cubin"]))[k.metadata.name]

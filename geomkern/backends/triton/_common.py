@@ -123,8 +123,10 @@ def mma(a, b, acc, PRECISION: tl.constexpr):
         step = tl.dot(a_hi, b_hi, step, input_precision="tf32", out_dtype=acc.dtype)
         return acc + step
     elif PRECISION == "tf32":
-        # One TF32 product of operands rounded here (to nearest) into a fresh accumulator, as
-        # one of the split scheme's three. tl.dot(input_precision="tf32") straight on the loaded
+        # One TF32 product of operands rounded here (to nearest), as one of the split scheme's
+        # three. Triton rewrites "acc + dot(a, b, 0)" into "dot(a, b, acc)", so this product
+        # accumulates into the running sum (studies/tf32x3-waits): at tf32's 1e-4-class error
+        # that truncation does not show. tl.dot(input_precision="tf32") straight on the loaded
         # tiles was wrong on an H100 under triton 3.6 (GPU session 9, benchmarks/gpu_findings.py):
         # 1.1e-1 relative on a 300 x D64 Gram and 3.3e-1 on the cross Gram, against the 2.3e-4
         # that TF32 operands give, changing with the tile shape (64 x 64, 4 warps: 2.2e-4 at
