@@ -181,7 +181,7 @@ def _run(args) -> int:
     timings = json.loads((out / "timings.json").read_text())
     print(results["dataset"])
     c = results["config"]
-    print(f"partition {partition_text(c)}, {c['n_clients']} clients, {c['rounds']} rounds, "
+    print(f"{partition_text(c)}{c['n_clients']} clients, {c['rounds']} rounds, "
           f"{c['seeds']} seed(s) from {c['seed']}, model {c['model']}"
           + (f", validation {c['val_fraction']:g} of each client's training rows" if c.get("val_fraction") else ""))
     print(format_table(results, timings))

@@ -247,9 +247,12 @@ def _pyplot():
 
 
 def partition_text(cfg: dict) -> str:
-    """A run's partition for titles and headers, e.g. "dirichlet beta=0.1"; "iid" alone (results.json
-    records beta only where the partition uses it: runner.results_config)."""
-    return cfg["partition"] + (f" beta={cfg['beta']}" if "beta" in cfg else "")
+    """A run's partition for titles and headers, e.g. "partition dirichlet beta=0.1, "; "partition
+    iid, " alone; "" for a toy dataset's personalised run, which generates its own clients
+    (results.json records only what played a part: runner.results_config)."""
+    if "partition" not in cfg:
+        return ""
+    return "partition " + cfg["partition"] + (f" beta={cfg['beta']}" if "beta" in cfg else "") + ", "
 
 
 def _seeds_text(cfg: dict) -> str:
@@ -282,7 +285,7 @@ def plot_accuracy(results: dict, path: Path) -> None:
             ax.fill_between(x, A.mean(0) - sd, A.mean(0) + sd, alpha=0.15, color=color, lw=0)
     band = "; band: ± sample std over seeds" if multi else ""
     ax.set(xlabel="round", ylabel="test accuracy (%)",
-           title=f"{results['dataset'].split(':')[0]}: {partition_text(cfg)}, {cfg['n_clients']} clients"
+           title=f"{results['dataset'].split(':')[0]}: {partition_text(cfg)}{cfg['n_clients']} clients"
                  f"\nhead {cfg['model']}, lr {cfg['lr']:g}, {_seeds_text(cfg)}" + ("; mean over seeds" if multi else "")
                  + band)
     ax.title.set_fontsize(10)

@@ -36,6 +36,7 @@ from .client import DivergedError, client_round
 from .data import load_dataset
 from .data.partition import USES_BETA, feature_shift, partition
 from .data.split import validation_split
+from .data.toy import is_toy
 from .engine import Engine, LocalEngine
 from .loop import Federation, run_rounds
 from .metrics import CONVERGENCE_WINDOW, convergence, final_report
@@ -184,17 +185,41 @@ def write_config_json(cfg: RunConfig, out: Path, engine: str) -> None:
         tmp.write_text(json_text({**cfg.to_dict(), "engine": engine}))
 
 
+# fields the personalised path never reads (its clients keep their own rows and view; the
+# partition fields only where the dataset is a toy, which generates its own clients): a value other
+# than the default is refused (plan), and results.json does not record them
+_PERSONAL_UNUSED = {"feature_shift": "--feature-shift", "feature_noise": "--feature-noise",
+                    "zero_shot": "--zero-shot", "val_fraction": "--val-fraction"}
+_TOY_UNUSED = {"partition": "--partition", "beta": "--beta", "min_size": "--min-size"}
+
+
+def _personal_unused(cfg: RunConfig) -> dict:
+    return {**_PERSONAL_UNUSED, **(_TOY_UNUSED if is_toy(cfg.dataset) else {})}
+
+
+def personal_ignores(cfg: RunConfig) -> list[str]:
+    """The flags of a personalised run set away from their defaults that it would ignore.
+    val_fraction is left out: its default (0.1) is the global path's, and the personalised path
+    says it has no validation rows."""
+    default = RunConfig()
+    return [flag for f, flag in _personal_unused(cfg).items()
+            if f != "val_fraction" and getattr(cfg, f) != getattr(default, f)]
+
+
 def results_config(cfg: RunConfig) -> dict:
     """The configuration results.json records: every RunConfig field, less those which played no
-    part, so that they are not reported: ``beta`` where the partition draws no Dirichlet (iid),
-    ``val_fraction`` on the personalised path (its clients keep their own 80/20 train/test split and
-    no validation rows). (config.json keeps them: a resumed run's checkpoints are verified against
-    every field.)"""
+    part, so that they are not reported: ``beta`` where the partition draws no Dirichlet (iid);
+    on the personalised path the fields it never reads (_personal_unused: its clients keep their
+    own 80/20 split and view, and a toy generates its own clients), and ``model`` as what trained
+    ("personal": PersonalNet, which "linear", the default, stands for there). (config.json keeps
+    every field: a resumed run's checkpoints are verified against them.)"""
     d = cfg.to_dict()
     if cfg.partition not in USES_BETA:
         del d["beta"]
     if is_personal_run(cfg):
-        del d["val_fraction"]
+        for f in _personal_unused(cfg):
+            d.pop(f, None)
+        d["model"] = "personal"
     return d
 
 
@@ -566,6 +591,11 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
     if personal and cfg.centralised:
         raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
                           "personalised runs (local, fedrep, flic, toy:NAME datasets) have no such row")
+    if personal and (ignored := personal_ignores(cfg)):
+        raise ConfigError(f"config: {', '.join(ignored)} play(s) no part on the personalised path (local, fedrep, "
+                          "flic, toy:NAME datasets: each client keeps its own rows and view"
+                          + ("; a toy dataset generates its own clients" if is_toy(cfg.dataset) else "")
+                          + "): drop them")
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     write_config = not resume or cfg.rounds != stored_rounds
     if personal:  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)

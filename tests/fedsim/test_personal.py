@@ -545,3 +545,28 @@ def test_bad_max_grad_norm_named():
     for bad in (-1.0, float("nan"), "5", True):
         with pytest.raises(ValueError, match="max_grad_norm"):
             build_algorithm("flic", max_grad_norm=bad)
+
+
+def test_settings_the_personalised_path_ignores_are_refused_and_not_recorded(tmp_path):
+    """A flag the personalised path never reads is a mistake, not a no-op: set away from its
+    default it stops the run before anything is written, naming it; results.json records only what
+    played a part (a toy generates its own clients: no partition; the model is PersonalNet)."""
+    import json
+
+    from fedsim.runner import ConfigError
+
+    for kw, flags in (({"feature_shift": 1.0}, "--feature-shift"), ({"zero_shot": True}, "--zero-shot"),
+                      ({"partition": "iid"}, "--partition"), ({"beta": 0.5, "min_size": 3}, "--beta, --min-size")):
+        out = tmp_path / f"x{len(flags)}"
+        with pytest.raises(ConfigError, match=f"config: {flags} play\\(s\\) no part on the personalised path"):
+            run(_cfg(rounds=1, **kw), out, progress=False)
+        assert not out.exists()
+    res = run(_cfg(rounds=1, methods=[MethodSpec("Local", "local")], model="linear", model_params={}),
+              tmp_path / "toy", progress=False)
+    cfg = json.loads((tmp_path / "toy" / "results.json").read_text())["config"]
+    assert res["config"] == cfg and cfg["model"] == "personal"
+    assert not {"partition", "beta", "min_size", "feature_shift", "feature_noise", "zero_shot", "val_fraction"} & set(cfg)
+    # a dataset file's rows are partitioned by the run's scheme: those fields stay
+    mixed = run(_cfg(dataset="wordnet:mixed", n_clients=4, partition="iid", rounds=1,
+                     methods=[MethodSpec("Local", "local")]), tmp_path / "mixed", progress=False)["config"]
+    assert mixed["partition"] == "iid" and "beta" not in mixed and "feature_shift" not in mixed
