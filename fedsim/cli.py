@@ -39,12 +39,12 @@ _DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "m
             "feddyn": "FedDyn", "fedopt": "FedOpt", "fedadam": "FedAdam", "fedyogi": "FedYogi",
             "fedavgm": "FedAvgM", "fedntd": "FedNTD", "fedproto": "FedProto", "fedmp": "FedMP", "fedmp_sfmc": "FedMP-SFMC",
             "fedmp_cpgma": "FedMP-cPGMA", "ggeur": "GGEUR",
-            "local": "Local", "fedrep": "FedRep", "flic": "FLIC",
+            "local": "Local", "fedrep": "FedRep", "flic": "FLIC", "fedhenn": "FedHeNN",
             "fedmc": "FedMC"}
 
 
 def _default_augmenters(algorithms: str | None) -> str:
-    """All four for global-model algorithms; none for personalised ones (local, fedrep, flic), whose
+    """All four for global-model algorithms; none for personalised ones (local, fedrep, flic, fedhenn), whose
     clients may live in different feature spaces where no augmenter works."""
     from .algorithms import ALGORITHMS
 
@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "with every augmenter of --augmenters, so a bare run is 4 methods: FedAvg, FedAvg+oversample, "
                    "FedAvg+GGEUR, FedAvg+FedMC")
     r.add_argument("--augmenters", help="comma list of none,oversample,ggeur,fedmc (default all four; none for "
-                   "the personalised algorithms local, fedrep, flic; oversample is GGEUR's matched-compute control: "
+                   "the personalised algorithms local, fedrep, flic, fedhenn; oversample is GGEUR's matched-compute control: "
                    "its budget of extra local steps spent on copies of real samples; FedMC's default "
                    "protocol trains on one calibrated sample per real row, so its control is FedAvg itself)")
     r.add_argument("--seed", type=int, help="first seed (default 0)")

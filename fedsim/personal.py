@@ -51,7 +51,7 @@ def is_personal_run(cfg) -> bool:
         else:
             why = f"methods {sorted(personal)} are personalised and cannot share a run with global-model methods"
         raise ValueError(f"config: {why}; methods {sorted(set(algos) - personal)} train one global model: "
-                         "use the personalised algorithms local, fedrep, flic")
+                         "use the personalised algorithms local, fedrep, flic, fedhenn")
     bad = [m.name for m in cfg.methods if m.augmenter != "none"]
     if bad:
         raise ValueError(f"config: methods {bad} use an augmenter; augmenters work in one shared feature "

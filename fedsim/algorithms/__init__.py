@@ -16,4 +16,4 @@ __all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientUpdate", "build_al
 
 # Each module registers its algorithms with `register` (fedsim/algorithms/_registry.py).
 from . import feddyn, fedmp, fedntd, fedopt, fedproto, moon, scaffold  # noqa: E402,F401
-from . import fedrep, flic, local  # noqa: E402,F401  (personalised: fedsim/personal.py)
+from . import fedhenn, fedrep, flic, local  # noqa: E402,F401  (personalised: fedsim/personal.py)
