@@ -71,7 +71,7 @@ def _preimage_kernel(Z0, Zk, Zn, Bk, Bn, BB, T, Step, Params, Wn, Wk, b, S, D, s
             zb = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
             for k0 in range(0, D, BLOCK_K):
                 zb = mma(Zk.load([row0, k0]).to(ACC), tl.trans(Bk.load([s0, k0]).to(ACC)), zb,
-                           PRECISION)
+                         PRECISION)
             s_ok = s0 + rn < S
             bb = tl.load(BB + s0 + rn, mask=s_ok, other=0.0)
             k = tl.exp(-gamma * tl.maximum(zz[:, None] + bb[None, :] - 2.0 * zb, 0.0))
