@@ -590,10 +590,10 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
                               "flic, toy:NAME) has none: drop the tuning flags"))
     if personal and cfg.centralised:
         raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
-                          "personalised runs (local, fedrep, flic, toy:NAME datasets) have no such row")
+                          "personalised runs (local, fedrep, flic, fedhenn, toy:NAME datasets) have no such row")
     if personal and (ignored := personal_ignores(cfg)):
         raise ConfigError(f"config: {', '.join(ignored)} play(s) no part on the personalised path (local, fedrep, "
-                          "flic, toy:NAME datasets: each client keeps its own rows and view"
+                          "flic, fedhenn, toy:NAME datasets: each client keeps its own rows and view"
                           + ("; a toy dataset generates its own clients" if is_toy(cfg.dataset) else "")
                           + "): drop them")
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
