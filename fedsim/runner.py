@@ -587,7 +587,7 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
                           "global-model methods, which have validation rows; " + (
                               f"drop --engine {engine.name} to tune, then run the chosen values there with "
                               "--lr/--epochs" if not engine.tunes else "the personalised path (local, fedrep, "
-                              "flic, toy:NAME) has none: drop the tuning flags"))
+                              "flic, fedhenn, toy:NAME) has none: drop the tuning flags"))
     if personal and cfg.centralised:
         raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
                           "personalised runs (local, fedrep, flic, fedhenn, toy:NAME datasets) have no such row")
