@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -457,3 +458,43 @@ def test_kernels_stand_alone_as_inductor_copies_them(name, tmp_path):
     missing = {f"{f.fn.__name__}: {i.argval}" for f in fns for i in dis.Bytecode(f.fn)
                if i.opname == "LOAD_GLOBAL" and i.argval not in ns and not hasattr(builtins, i.argval)}
     assert not missing, f"names the Inductor copy of {name} cannot resolve: {sorted(missing)}"
+
+
+_EAGER_LAUNCH_CHECK = r"""
+import gc, sys, weakref
+import torch
+from torch._higher_order_ops.triton_kernel_wrap import TraceableTritonKernelWrapper, kernel_side_table
+from torch._subclasses.fake_tensor import FakeTensorMode
+from geomkern.backends.triton import _common as C, kmeans as tkm, preimage as tpre, rbf as trbf
+kernels = [tpre._preimage_kernel, trbf._sym_gram_kernel, tkm._assign_kernel]
+for k in kernels:
+    k.run = lambda *a, **kw: None  # no GPU here: the host side of each launch only
+def calls():
+    Z0, B, T = torch.randn(300, 64), torch.randn(33, 64), torch.rand(300, 33)
+    yield tpre.preimage_gd(Z0, B, T, 0.5, 3, torch.full((300,), 0.1))
+    yield trbf.rbf_gram(torch.randn(70, 40), None, 0.5, False)
+    yield tkm.assign(torch.randn(2, 50, 40), torch.randn(2, 5, 40))
+n0 = len(kernel_side_table.constant_args)
+refs = [weakref.ref(out) for _ in range(3) for out in calls()]
+gc.collect()
+added = len(kernel_side_table.constant_args) - n0
+alive = sum(r() is not None for r in refs)
+assert added == 0 and alive == 0, f"eager launches: {added} side-table entries added, {alive} outputs kept alive"
+assert all(C.launch(k) is k for k in kernels)
+with FakeTensorMode():
+    assert all(isinstance(C.launch(k), TraceableTritonKernelWrapper) for k in kernels)
+print("ok")
+"""
+
+
+def test_eager_launches_go_straight_to_the_kernel():
+    """Eager launches (real tensors) start the kernel itself, not torch.library.wrap_triton's
+    higher-order operator: that path cost ~0.6 ms a Gram call on the H100 (GPU session 11 against
+    9) and its side table kept every launch's non-tensor arguments, the pre-image's
+    TensorDescriptors and so its output and buffers, alive for the life of the process. Inside a
+    trace (here a FakeTensorMode) launch() still hands torch.compile the wrapped kernel. Compiled
+    kernels, not the interpreter, so in a child process without TRITON_INTERPRET."""
+    proc = subprocess.run([sys.executable, "-c", _EAGER_LAUNCH_CHECK], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2],
+                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-1500:] + proc.stderr[-3000:]

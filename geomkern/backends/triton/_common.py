@@ -13,11 +13,26 @@ from ...ops.rbf import shift_rows
 
 
 def launch(kernel):
-    """kernel, launchable as ``launch(kernel)[grid](...)``: every launcher starts its kernels so,
-    through torch.library.wrap_triton, so that the launchers registered as torch operators with
-    torch.library.triton_op (torch.ops.geomkern_triton.*) show their kernels to torch.compile on a
-    GPU; outside a trace it launches the kernel as ``kernel[grid](...)`` would."""
-    return wrap_triton(kernel)
+    """kernel, launchable as ``launch(kernel)[grid](...)``: every launcher starts its kernels so.
+
+    Inside a trace (torch.compile, or the torch.library.triton_op operators of
+    geomkern.backends.triton.operators being traced on fake or functional tensors) it is
+    torch.library.wrap_triton(kernel), so the kernel enters the graph. In eager mode it is the
+    kernel itself: wrap_triton dispatches every eager launch through a higher-order operator,
+    which torch's own triton_op skips in eager mode ("slow enough to matter (~1ms)",
+    torch.library's set_wrap_triton_enabled) and whose side table keeps every launch's non-tensor
+    arguments (the pre-image's TensorDescriptors, and so their tensors) for the life of the
+    process. On the H100 the Gram's launcher took 847 us a call against 205 us before the launches
+    went through wrap_triton (kernel 168 us both times; GPU sessions 9 and 11)."""
+    return wrap_triton(kernel) if tracing() else kernel
+
+
+def tracing() -> bool:
+    """Whether torch is tracing this call (dynamo, or a fake / functional / proxy dispatch mode)
+    rather than running it on real tensors."""
+    keys = torch._C._TorchDispatchModeKey
+    return torch.compiler.is_compiling() or any(
+        torch._C._get_dispatch_mode(k) is not None for k in (keys.FAKE, keys.FUNCTIONAL, keys.PROXY))
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:

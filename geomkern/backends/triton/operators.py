@@ -1,7 +1,7 @@
 """The Triton launchers as torch operators, ``torch.ops.geomkern_triton.*``, registered with
 torch.library.triton_op: inside torch.compile on a GPU, their kernels (every launcher starts them
-through _common.launch, i.e. torch.library.wrap_triton) are part of the graph instead of one opaque
-call. Import this module to register them::
+through _common.launch, which hands them to torch.library.wrap_triton while torch traces) are
+part of the graph instead of one opaque call. Import this module to register them::
 
     import geomkern.backends.triton.operators  # noqa: F401
     torch.ops.geomkern_triton.rbf_gram(X, None, gamma, False, "tf32x3")
