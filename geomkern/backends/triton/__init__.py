@@ -8,8 +8,8 @@ imports triton at geomkern's import time: the dispatcher imports this package on
 The kernels run on CUDA tensors; with ``TRITON_INTERPRET=1`` set before this package is imported
 they run (slowly, for tests) on CPU tensors. ``auto`` takes Triton on CUDA for rbf_gram, rbf_matmul
 and project_onto_basis, the ops a recorded H100 benchmark measured faster than the reference (the
-notes at their registrations). Every kernel is launched through ``_common.launch``
-(torch.library.wrap_triton); importing ``geomkern.backends.triton.operators`` registers
+notes at their registrations). Every kernel is launched through ``_common.launch`` (the kernel
+itself in eager mode, torch.library.wrap_triton while torch traces); importing ``geomkern.backends.triton.operators`` registers
 rbf_gram, rbf_matmul, project_onto_basis and the K-Means assignment as torch operators too
 (``torch.ops.geomkern_triton.*``, torch.library.triton_op), for torch.compile on a GPU.
 """
