@@ -13,9 +13,11 @@ out=$1; shift
 counts=("${@:-20 50 100}"); counts=(${counts[*]})
 LM='toy:linear-mapping?n_classes=20&classes_per_client=3&latent_dim=5&separation=0.5&dims=3-100'
 NF='toy:noisy-features?n_classes=20&classes_per_client=3&latent_dim=5&separation=0.8&dims=6-15&noise=1.0'
+for n in "${counts[@]}"; do
+  if ! [[ $n =~ ^[1-9][0-9]*$ ]] || (( 40000 % n )); then echo "fig4.sh: client count '$n' is not a whole number dividing 40000 (2,000 rows x 20 classes); use e.g. 20, 50, 100, 200" >&2; exit 2; fi
+done
 mkdir -p "$out"
 for n in "${counts[@]}"; do
-  if (( 40000 % n )); then echo "fig4.sh: client count $n does not divide 40000 (2,000 rows x 20 classes); use e.g. 20, 50, 100, 200" >&2; exit 2; fi
   for toy in linear-mapping noisy-features; do
     if [ "$toy" = linear-mapping ]; then ds="$LM&n_spaces=$n&n_train=$((40000 / n))&n_test=$((40000 / n))"
     else ds="$NF&n_spaces=$n&n_train=$((40000 / n))&n_test=$((20000 / n))"; fi
