@@ -11,6 +11,10 @@ set -e
 scratch=$1; deps=$2; out=$3; toy=$4; counts=($5); seeds=($6)
 case $toy in toy_3) name=linear-mapping ;; toy_2) name=noisy-features ;;
   *) echo "official.sh: TOY is toy_3 (linear mapping) or toy_2 (noisy features), not '$toy'" >&2; exit 2 ;; esac
+for n in "${counts[@]}"; do  # its noniid_tensor deals 20 classes into 3N equal shards
+  if ! [[ $n =~ ^[1-9][0-9]*$ ]] || (( 3 * n % 20 )); then
+    echo "official.sh: client count '$n': the official toy needs 3N divisible by 20 classes (20, 40, 60, 100, ...)" >&2; exit 2; fi
+done
 common=(--dataset "$toy" --shard_per_user 3 --num_classes 20 --frac 0.1 --epochs 50 --local_ep 10 --local_bs 100 --lr 0.001)
 for n in "${counts[@]}"; do
   for s in "${seeds[@]}"; do
