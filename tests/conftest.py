@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib.util
 import multiprocessing
 import os
 import random
@@ -111,6 +112,21 @@ def gen(seed) -> torch.Generator:
 @pytest.fixture
 def rng(seed) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+def triton_entries() -> list:
+    """The oracle tables' two Triton entries: the kernels under the interpreter on CPU tensors,
+    and compiled on a GPU (GPU-marked); both skipped where triton does not import."""
+    no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                   reason="triton is not importable here: pip install triton")
+    return [pytest.param("triton-cpu", id="triton-cpu", marks=no_triton),
+            pytest.param("triton-cuda", id="triton-cuda", marks=[no_triton, pytest.mark.gpu])]
+
+
+def no_native(op: str):
+    """Skip mark for an oracle table's native entries where geomkern._C has no kernel for ``op``."""
+    built = "native" in gk.available_backends() and "native" in gk.registered_ops().get(op, ())
+    return pytest.mark.skipif(not built, reason="geomkern._C (native CPU kernels) is not built")
 
 
 def backends_for(*ops: str) -> list[str]:

@@ -71,24 +71,6 @@ class _Spy:
         return call
 
 
-def test_span_entry_points_reject_bad_inputs():
-    C = native._C
-    Z0, B, T = torch.randn(5, 3), torch.randn(2, 3), torch.rand(5, 2)
-    lr = torch.full((5,), 0.1)
-    with pytest.raises(TypeError, match="dtype"):
-        C.preimage_gd_span(Z0, B.double(), T, 0.5, 3, lr)
-    with pytest.raises(ValueError, match="D=3"):
-        C.preimage_gd_span(Z0, torch.randn(2, 2), T, 0.5, 3, lr)
-    with pytest.raises(ValueError, match="shape"):
-        C.preimage_fixed_point_span(Z0, B, T[:, :1], 0.5, 3)
-    with pytest.raises(ValueError, match="lr"):
-        C.preimage_gd_span(Z0, B, T, 0.5, 3, lr[:4])
-    with pytest.raises(ValueError, match="steps"):
-        C.preimage_fixed_point_span(Z0, B, T, 0.5, -1)
-    with pytest.raises(ValueError, match="gamma"):
-        C.preimage_gd_span(Z0, B, T, 0.0, 3, lr)
-
-
 # ------------------------------------------------------------------------------------ rbf_matmul
 # around the 128-row and 1,024-column tiles, odd D, p of 1 and 5
 RBF_SHAPES = [(1, 1, 1, 1), (129, 7, 3, 5), (127, 1025, 17, 1), (257, 1031, 5, 2), (300, 64, 33, 5)]

@@ -2,7 +2,6 @@
 sklearn.cluster.KMeans, batched segments, consistency, determinism."""
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
@@ -13,8 +12,8 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_blobs
 
 import geomkern as gk
-from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for,
-                      offsets_from_sizes)
+from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for, no_native,
+                      offsets_from_sizes, triton_entries)
 from geomkern.ops import kmeans as kmeans_mod
 
 seeds = st.integers(0, 2 ** 32 - 1)
@@ -161,19 +160,12 @@ def _public_kmeans(backend, device, X, off, k, iters, seed):
     return tuple(t.cpu() for t in (res.labels, res.centers, res.inertia, res.n_iter, starts))
 
 
-def _no_triton():
-    return pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                              reason="triton is not importable here: pip install triton")
 
 
 def _kmeans_entries():
-    native_km = "native" in gk.available_backends() and "native" in gk.registered_ops().get("kmeans", ())
     return [pytest.param("reference", id="reference"),
             pytest.param("reference-cuda", id="reference-cuda", marks=pytest.mark.gpu),
-            pytest.param("native", id="native", marks=pytest.mark.skipif(
-                not native_km, reason="geomkern._C (native CPU kernels) is not built")),
-            pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
+            pytest.param("native", id="native", marks=no_native("kmeans"))] + triton_entries()
 
 
 @pytest.mark.parametrize("entry", _kmeans_entries())
@@ -230,9 +222,7 @@ def _triton_assign(device, X, Cn):
 
 
 def _assign_entries():
-    return [pytest.param("reference", id="reference"),
-            pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
+    return [pytest.param("reference", id="reference")] + triton_entries()
 
 
 @pytest.mark.parametrize("entry", _assign_entries())

@@ -9,7 +9,6 @@ Eigenvalues (Weyl: error <= |dKc|) need no such guard and are also checked on de
 """
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ import geomkern as gk
 import geomkern.ops.kpca as kpca_mod
 import geomkern.ops.rbf as rbf_mod
 from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for, match_signs,
-                      offsets_from_sizes)
+                      offsets_from_sizes, triton_entries)
 
 GAP = 0.02
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
@@ -229,11 +228,7 @@ def _triton_projection(device, X, alphas, off, B, g):
 
 
 def _projection_entries():
-    no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                   reason="triton is not importable here: pip install triton")
-    return [pytest.param("reference", id="reference"),
-            pytest.param("triton-cpu", id="triton-cpu", marks=no_triton),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[no_triton, pytest.mark.gpu])]
+    return [pytest.param("reference", id="reference")] + triton_entries()
 
 
 @pytest.mark.parametrize("entry", _projection_entries())
@@ -273,16 +268,6 @@ def _poison_launchers():
     _common.empty = lambda shape, dtype, dev: orig(shape, dtype, dev).fill_(
         float("nan") if dtype.is_floating_point else -1)
     return lambda: setattr(_common, "empty", orig)
-
-
-def _no_triton():
-    return pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                              reason="triton is not importable here: pip install triton")
-
-
-def _triton_entries():
-    return [pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
 
 
 # ------------------------------------- kpca of many clusters: one oracle table over every backend
@@ -336,9 +321,7 @@ def _kpca_fit(device, backend, X, off, d, g, solver):
 
 def _kpca_entries():
     return [pytest.param("reference", id="reference"),
-            pytest.param("reference-cuda", id="reference-cuda", marks=pytest.mark.gpu),
-            pytest.param("triton-cpu", id="triton-cpu", marks=_no_triton()),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[_no_triton(), pytest.mark.gpu])]
+            pytest.param("reference-cuda", id="reference-cuda", marks=pytest.mark.gpu)] + triton_entries()
 
 
 @pytest.mark.parametrize("entry", _kpca_entries())
@@ -415,7 +398,7 @@ def _reference_segmented_gram(X, off, g):
 
 def _segmented_gram_entries():
     """(center, entry): plain Grams on Triton, centred ones on the reference and Triton."""
-    return ([pytest.param(False, *e.values, id="plain-" + e.id, marks=e.marks) for e in _triton_entries()]
+    return ([pytest.param(False, *e.values, id="plain-" + e.id, marks=e.marks) for e in triton_entries()]
             + [pytest.param(True, *e.values, id="centred-" + e.id, marks=e.marks) for e in _projection_entries()])
 
 
@@ -472,7 +455,7 @@ def _triton_segment_means(device, X, off):
         undo()
 
 
-@pytest.mark.parametrize("entry", _triton_entries())
+@pytest.mark.parametrize("entry", triton_entries())
 @pytest.mark.parametrize("sizes,D,scale,shift", SEGMENT_MEANS_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_segment_means_match_float64_on_every_backend(entry, sizes, D, scale, shift, dtype, request, seed):

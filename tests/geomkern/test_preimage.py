@@ -2,7 +2,6 @@
 kernel values from sklearn's rbf_kernel, losses recomputed with numpy)."""
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from sklearn.metrics.pairwise import rbf_kernel
 import geomkern as gk
 import geomkern.ops.preimage as pre_mod
 from _preimage_problem import near_basis_problem, preimage_problem
-from conftest import DEVICES, TOL, assert_close_rel, backends_for
+from conftest import DEVICES, TOL, assert_close_rel, backends_for, no_native, triton_entries
 from geomkern.backends import native
 
 seeds = st.integers(0, 2 ** 32 - 1)
@@ -330,19 +329,13 @@ def _cuda_entry(method, Z0, B, X, gamma, steps, lr):
 
 def _entries():
     """(id, device, methods, marks) of every pre-image implementation of the table."""
-    cpu_native = "native" in gk.available_backends() and "native" in gk.registered_ops().get("preimage_gd", ())
-    skip_native = pytest.mark.skipif(not cpu_native, reason="geomkern._C (native CPU kernels) is not built")
-    triton_missing = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                        reason="triton is not importable here: pip install triton")
-    gpu = pytest.mark.gpu
+    skip_native = no_native("preimage_gd")
     return [pytest.param("reference", id="reference"),
             pytest.param("native", id="native", marks=skip_native),
             pytest.param("native-span", id="native-span", marks=skip_native),
-            pytest.param("native-direct", id="native-direct", marks=skip_native),
-            pytest.param("triton-cpu", id="triton-cpu", marks=triton_missing),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[triton_missing, gpu]),
+            pytest.param("native-direct", id="native-direct", marks=skip_native)] + triton_entries() + [
             pytest.param("cuda-emulated", id="cuda-emulated"),
-            pytest.param("cuda", id="cuda", marks=gpu)]
+            pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
 
 def _rows():
@@ -364,6 +357,16 @@ def _table_problem(kind, b, S, D, seed, dtype):
     else:
         Z0, B, T, A, gamma = near_basis_problem(b, S, D, seed)
     return (*(t.to(dtype) for t in (Z0, B, T, A)), gamma)
+
+
+def _check_against_reference(out, Z0, ref, steps, where):
+    """A pre-image run against the float64 reference: Z0's shape and dtype, no NaN (the kernels'
+    buffers start as NaN), Z0 itself at steps = 0, then within TOL of the reference."""
+    assert out.shape == Z0.shape and out.dtype == Z0.dtype, where
+    assert not torch.isnan(out).any(), f"NaN in the output ({where})"
+    if steps == 0:
+        assert torch.equal(out, Z0), where
+    assert_close_rel(out, ref, TOL[Z0.dtype], where)
 
 
 @pytest.mark.parametrize("entry", _entries())
@@ -405,11 +408,7 @@ def test_preimage_kernels_match_float64_reference(entry, kind, b, S, D, steps_li
         ref = _reference_entry(method, Z0.double(), B.double(), X.double(), gamma, steps, lr.double())
         out = run(method, Z0, B, X, gamma, steps, lr)
         where = f"{entry} seed={seed} {kind} b,S,D={b},{S},{D} method={method} dtype={dtype} steps={steps}"
-        assert out.shape == Z0.shape and out.dtype == dtype, where
-        assert not torch.isnan(out).any(), f"NaN in the output ({where})"
-        if steps == 0:
-            assert torch.equal(out, Z0), where
-        assert_close_rel(out, ref, TOL[dtype], where)
+        _check_against_reference(out, Z0, ref, steps, where)
 
 
 # The public op through the dispatcher, on every backend that takes it on CPU tensors: gk.preimage
@@ -437,12 +436,8 @@ def test_matches_float64_reference(shape, method, dtype, backend, seed):
         del del_me
         assert gk.resolve(f"preimage_{method}", "cpu") == backend
         out = gk.preimage(Z0, B, T, gamma=gamma, method=method, steps=steps)
-        where = f"seed={seed} shape={shape} method={method} dtype={dtype} steps={steps}"
-        assert out.shape == Z0.shape and out.dtype == dtype, where
-        assert not torch.isnan(out).any(), f"NaN in the output ({where})"
-        if steps == 0:
-            assert torch.equal(out, Z0), where
-        assert_close_rel(out, ref, TOL[dtype], where)
+        _check_against_reference(out, Z0, ref, steps,
+                                 f"seed={seed} shape={shape} method={method} dtype={dtype} steps={steps}")
 
 
 def _native_kernel(op):
@@ -493,18 +488,23 @@ def test_gd_default_lr_reduces_loss(backend, seed):
             f"seed={seed} dtype={dtype}: mean loss {loss0.mean():.3e} -> {loss.mean():.3e}")
 
 
-def test_native_entry_points_reject_bad_inputs():
+@pytest.mark.parametrize("form,S", [("", 4), ("_span", 2)], ids=["full", "span"])
+def test_native_entry_points_reject_bad_inputs(form, S):
+    """geomkern._C's pre-image entry points, both forms (the span form takes S <= D), refuse a
+    bad argument with an error that names it."""
     _native_kernel("preimage_gd")
-    C = native._C
-    Z0, B, T = torch.randn(5, 3), torch.randn(4, 3), torch.rand(5, 4)
+    gd, fp = getattr(native._C, f"preimage_gd{form}"), getattr(native._C, f"preimage_fixed_point{form}")
+    Z0, B, T = torch.randn(5, 3), torch.randn(S, 3), torch.rand(5, S)
     lr = torch.full((5,), 0.1)
     with pytest.raises(TypeError, match="dtype"):
-        C.preimage_gd(Z0, B.double(), T, 0.5, 3, lr)
+        gd(Z0, B.double(), T, 0.5, 3, lr)
     with pytest.raises(ValueError, match="D=3"):
-        C.preimage_gd(Z0, torch.randn(4, 2), T, 0.5, 3, lr)
+        gd(Z0, torch.randn(S, 2), T, 0.5, 3, lr)
     with pytest.raises(ValueError, match="shape"):
-        C.preimage_fixed_point(Z0, B, T[:, :3], 0.5, 3)
+        fp(Z0, B, T[:, :S - 1], 0.5, 3)
     with pytest.raises(ValueError, match="lr"):
-        C.preimage_gd(Z0, B, T, 0.5, 3, lr[:4])
+        gd(Z0, B, T, 0.5, 3, lr[:4])
     with pytest.raises(ValueError, match="steps"):
-        C.preimage_fixed_point(Z0, B, T, 0.5, -1)
+        fp(Z0, B, T, 0.5, -1)
+    with pytest.raises(ValueError, match="gamma"):
+        gd(Z0, B, T, 0.0, 3, lr)

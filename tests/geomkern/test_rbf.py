@@ -1,7 +1,6 @@
 """rbf_gram, rbf_matmul, median_gamma against sklearn / scipy / numpy oracles."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from sklearn.metrics.pairwise import rbf_kernel
 import geomkern as gk
 import geomkern.ops.rbf as rbf_mod
 from geomkern.backends import native
-from conftest import DEVICES, FLOATS, HALF_TOL, SIZES, TOL, assert_close_rel
+from conftest import DEVICES, FLOATS, HALF_TOL, SIZES, TOL, assert_close_rel, no_native, triton_entries
 
 sizes = st.sampled_from(SIZES)
 dims = st.sampled_from((1, 3, 16))
@@ -86,14 +85,8 @@ def _triton_gram(device, X, Y, g, center):
 
 
 def _gram_entries():
-    native_gram = "native" in gk.available_backends() and "native" in gk.registered_ops().get("rbf_gram", ())
-    no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                   reason="triton is not importable here: pip install triton")
     return [pytest.param("reference", id="reference"),
-            pytest.param("native", id="native", marks=pytest.mark.skipif(
-                not native_gram, reason="geomkern._C (native CPU kernels) is not built")),
-            pytest.param("triton-cpu", id="triton-cpu", marks=no_triton),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[no_triton, pytest.mark.gpu])]
+            pytest.param("native", id="native", marks=no_native("rbf_gram"))] + triton_entries()
 
 
 @pytest.mark.parametrize("entry", _gram_entries())
@@ -178,15 +171,10 @@ def _triton_matmul(device, X, Y, V, g):
 
 
 def _matmul_entries():
-    native_mm = "native" in gk.available_backends() and "native" in gk.registered_ops().get("rbf_matmul", ())
-    no_native = pytest.mark.skipif(not native_mm, reason="geomkern._C (native CPU kernels) is not built")
-    no_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                   reason="triton is not importable here: pip install triton")
+    skip = no_native("rbf_matmul")
     return [pytest.param("reference", id="reference"),
-            pytest.param("native", id="native", marks=no_native),
-            pytest.param("native-direct", id="native-direct", marks=no_native),
-            pytest.param("triton-cpu", id="triton-cpu", marks=no_triton),
-            pytest.param("triton-cuda", id="triton-cuda", marks=[no_triton, pytest.mark.gpu])]
+            pytest.param("native", id="native", marks=skip),
+            pytest.param("native-direct", id="native-direct", marks=skip)] + triton_entries()
 
 
 @pytest.mark.parametrize("entry", _matmul_entries())
