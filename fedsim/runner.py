@@ -189,7 +189,7 @@ def write_config_json(cfg: RunConfig, out: Path, engine: str) -> None:
 # partition fields only where the dataset is a toy, which generates its own clients): a value other
 # than the default is refused (plan), and results.json does not record them
 _PERSONAL_UNUSED = {"feature_shift": "--feature-shift", "feature_noise": "--feature-noise",
-                    "zero_shot": "--zero-shot", "val_fraction": "--val-fraction"}
+                    "zero_shot": "--zero-shot"}
 _TOY_UNUSED = {"partition": "--partition", "beta": "--beta", "min_size": "--min-size"}
 
 
@@ -198,12 +198,11 @@ def _personal_unused(cfg: RunConfig) -> dict:
 
 
 def personal_ignores(cfg: RunConfig) -> list[str]:
-    """The flags of a personalised run set away from their defaults that it would ignore.
-    val_fraction is left out: its default (0.1) is the global path's, and the personalised path
-    says it has no validation rows."""
+    """The flags of a personalised run set away from their defaults that it would ignore
+    (val_fraction is not among them: its default, 0.1, is the global path's, and the report says
+    the personalised path has no validation rows)."""
     default = RunConfig()
-    return [flag for f, flag in _personal_unused(cfg).items()
-            if f != "val_fraction" and getattr(cfg, f) != getattr(default, f)]
+    return [flag for f, flag in _personal_unused(cfg).items() if getattr(cfg, f) != getattr(default, f)]
 
 
 def results_config(cfg: RunConfig) -> dict:
@@ -217,7 +216,7 @@ def results_config(cfg: RunConfig) -> dict:
     if cfg.partition not in USES_BETA:
         del d["beta"]
     if is_personal_run(cfg):
-        for f in _personal_unused(cfg):
+        for f in ("val_fraction", *_personal_unused(cfg)):
             d.pop(f, None)
         d["model"] = "personal"
     return d
