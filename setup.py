@@ -65,6 +65,17 @@ def cxx_flags(env=os.environ):
     return flags
 
 
+# libstdc++ linked as a shared library, whatever the compiler driver does by default. A compiler
+# that links it statically (the GPU image's /opt/gcc/bin/g++, GPU session 12: _C_cuda had no
+# libstdc++.so.6 in ldd) gives the extension a second copy of the C++ library beside the one torch
+# loads; the two copies' locale facets do not match, and the first number formatted by an ostream
+# (every TORCH_CHECK message with a size or a value in it) crashed the H100 machine's process with
+# SIGSEGV, and on Debian's g++ 12 with -static-libstdc++ printed nothing
+# (studies/preimage-throw/). An explicit -lstdc++ comes before the driver's own libraries, so the
+# shared library answers every C++ symbol and the static archive adds nothing.
+SHARED_LIBSTDCXX = ["-lstdc++"]
+
+
 # Compute capabilities built when no GPU is visible to ask (a login node, a CI runner, a wheel
 # build): Ampere (A100) and Hopper (H100/H200) machine code plus Hopper PTX, which newer GPUs JIT.
 # Without a list torch's own arch detection indexes an empty device list and stops with an
@@ -119,6 +130,7 @@ def cuda_extensions():
             # too); -g0 as for _C
             extra_compile_args={"cxx": ["-O3", "-g0", cxx_standard()],
                                 "nvcc": ["-O3", cxx_standard()]},
+            extra_link_args=SHARED_LIBSTDCXX,
         )
     ]
 
@@ -135,7 +147,7 @@ if __name__ == "__main__":  # pip's build backend and `python setup.py` run it a
                 sources,
                 include_dirs=[os.path.abspath("csrc")],
                 extra_compile_args={"cxx": cxx_flags()},
-                extra_link_args=["-fopenmp"],
+                extra_link_args=["-fopenmp"] + SHARED_LIBSTDCXX,
                 # _C.abi3.so, linked without libtorch_python (torch defines Py_LIMITED_API, 3.10)
                 py_limited_api=True,
             )

@@ -68,7 +68,8 @@ ONLY = {x.strip() for x in os.environ.get("GPU_SESSION_STEPS", "").split(",") if
 
 
 def wanted(name: str) -> bool:
-    return not ONLY or name.split(":")[0] in ONLY
+    """A step named in GPU_SESSION_STEPS, by its whole name (rest:bench) or its family (rest)."""
+    return not ONLY or name in ONLY or name.split(":")[0] in ONLY
 JSONL = OUT / "session.jsonl"
 LOG = OUT / "session.log"
 T0 = time.monotonic()

@@ -159,3 +159,23 @@ def test_gpu_scripts_paths_exist():
             if rel not in created:
                 assert (ROOT / rel).exists(), f"{f.relative_to(ROOT)}: ROOT / {rel} does not exist"
     assert seen >= 10
+
+
+@pytest.mark.parametrize("only, chosen", [
+    ("rest:bench", {"rest:bench"}),               # one step by its whole name (session 12 ran none)
+    ("rest", {"rest:model", "rest:bench"}),       # a family
+    ("build,native", {"build", "native"}),
+    ("", {"headline", "schemes", "gpu_tests", "findings", "build", "native", "rest:model", "rest:bench"}),
+])
+def test_steps_are_chosen_by_name_or_family(only, chosen):
+    """GPU_SESSION_STEPS picks steps by their whole name or their family: session 12's third call
+    named rest:bench, and the driver ran nothing, because only the family matched."""
+    names = ["headline", "schemes", "gpu_tests", "findings", "build", "native", "rest:model", "rest:bench"]
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('gs', {str(ROOT / 'scripts' / 'gpu_session.py')!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"print(','.join(n for n in {names!r} if m.wanted(n)))")
+    env = {**os.environ, "GPU_SESSION_STEPS": only, "OUT": "/tmp/gpu-session-wanted-test"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert set(res.stdout.strip().split(",")) - {""} == chosen

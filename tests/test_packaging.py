@@ -1,6 +1,7 @@
 """Packaging: `pip install geomkern` is the kernels and the FL math only; the simulator's packages
 (and the test oracles) are extras, and the fedsim command says which extra it needs."""
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -322,3 +323,62 @@ def test_one_wheel_loads_into_another_torch(tmp_path, wheel_from_sdist):
     vpy = _venv_with(tmp_path / "b", wheel2, mine, numpy_site)
     out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
     assert out.startswith("ok native"), out
+
+
+def _needed(so: Path) -> list[str]:
+    """The shared libraries an ELF file names as NEEDED (readelf -d)."""
+    out = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+def test_built_extensions_need_the_shared_libstdcxx():
+    """Every compiled module links libstdc++ as a shared library (setup.SHARED_LIBSTDCXX): built
+    by a compiler that links it statically, _C_cuda carried its own copy beside torch's, and the
+    first number an error message formatted crashed the process (GPU session 12)."""
+    sos = sorted((ROOT / "geomkern").glob("_C*.so"))
+    if not sos:
+        pytest.skip("no geomkern/_C*.so built in this checkout")
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf (binutils) is not installed")
+    for so in sos:
+        assert "libstdc++.so.6" in _needed(so), f"{so.name} needs {_needed(so)}"
+    assert _setup_module().SHARED_LIBSTDCXX == ["-lstdc++"]
+
+
+_THROW_BUILD = """
+import sys, torch, torch.utils.cpp_extension as ce
+name, build, ldflags = sys.argv[1], sys.argv[2], sys.argv[3:]
+std = "-std=c++20" if tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 14) else "-std=c++17"
+m = ce.load(name=name, sources=[{src!r}],
+            extra_cflags=["-O3", "-g0", std], extra_ldflags=ldflags, build_directory=build)
+print(repr(m.format_dbl()))
+try:
+    m.check_tensor(torch.zeros(2, 3), -1.0)
+except RuntimeError as e:
+    print(repr(str(e).splitlines()[0]))
+"""
+
+
+@pytest.mark.slow
+def test_static_libstdcxx_breaks_number_formatting_and_the_link_flag_fixes_it(tmp_path):
+    """The mechanism behind GPU session 12's crash, reproduced on this CPU machine: the small
+    extension of studies/preimage-throw/ built with a forced -static-libstdc++ (what the GPU image's
+    compiler does), then with setup.py's flag added. The second formats numbers and raises with
+    them in the message; the first, here, formats none (on the GPU image it crashed)."""
+    setup = _setup_module()
+    code = _THROW_BUILD.format(src=str(ROOT / "studies" / "preimage-throw" / "throwtest.cpp"))
+    outs = {}
+    for name, flags in (("static", ["-static-libstdc++"]),
+                        ("fixed", ["-static-libstdc++"] + setup.SHARED_LIBSTDCXX)):
+        build = tmp_path / name
+        build.mkdir()
+        res = subprocess.run([sys.executable, "-c", code, f"throw_{name}", str(build), *flags],
+                             capture_output=True, text=True, timeout=600)
+        outs[name] = (res.returncode, res.stdout.strip().splitlines())
+        if name == "fixed":
+            so = next(build.glob("throw_fixed*.so"))
+            if shutil.which("readelf"):
+                assert "libstdc++.so.6" in _needed(so)
+    rc, lines = outs["fixed"]
+    assert rc == 0 and lines == ["'1.5 7'", "'g = -1 for [2, 3]'"], outs
+    print("forced static libstdc++ alone:", outs["static"])

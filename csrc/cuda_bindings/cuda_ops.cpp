@@ -99,11 +99,10 @@ at::Tensor preimage_gd(const at::Tensor& Z0, const at::Tensor& B, const at::Tens
   TORCH_CHECK(lr.dim() == 1 && lr.size(0) == b, "lr must have shape (", b, "), got ", lr.sizes());
   TORCH_CHECK(gamma > 0, "gamma must be > 0, got ", gamma);
   TORCH_CHECK(steps >= 0, "steps must be >= 0, got ", steps);
-  // Whether the problem fits shared memory, before anything is allocated or launched, and thrown
-  // only once no device guard is alive: on an H100 this check threw with the CUDAGuard below in
-  // scope and the process died with a segmentation fault (GPU session 9, twice: float32 at
-  // D = 40,000 and float64 at S = D = 1,500). The Python wrapper asks preimage_gd_points first
-  // (geomkern/backends/native), so through gk.preimage this throw is not reached.
+  // Whether the problem fits shared memory, before anything is allocated or launched. The Python
+  // wrapper asks preimage_gd_points first (geomkern/backends/native), so through gk.preimage this
+  // throw is not reached. (On the GPU image every refusal with a number in its message crashed:
+  // its compiler linked libstdc++ statically; setup.py's SHARED_LIBSTDCXX, studies/preimage-throw.)
   const int points = preimage_gd_points(S, D, Z0.scalar_type() == at::kDouble, Z0.device().index());
   TORCH_CHECK(points >= 0, "geomkern._C_cuda.preimage_gd: could not query the device's shared memory");
   TORCH_CHECK(points > 0, "the CUDA pre-image kernel keeps 8 points' iterate and weights (8 (S + D) "

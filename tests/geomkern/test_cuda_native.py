@@ -158,8 +158,9 @@ def test_preimage_too_large_raises(seed):
 @pytest.mark.gpu
 @needs_ext
 def test_preimage_binding_refuses_too_large_without_crashing():
-    """The binding's own check (D = 40,000 float32), in a child process: where it threw with a
-    device guard in scope an H100 crashed the whole test run (GPU session 9)."""
+    """The binding's own check (D = 40,000 float32), in a child process: on the GPU image every
+    refusal whose message formats a number crashed the process (GPU sessions 9-12; libstdc++
+    linked statically, fixed by setup.py's SHARED_LIBSTDCXX: studies/preimage-throw)."""
     code = ("import torch, geomkern\n"
             "from geomkern.backends import native\n"
             "Z0 = torch.randn(2, 40000, device='cuda'); B = torch.randn(3, 40000, device='cuda')\n"
@@ -167,11 +168,17 @@ def test_preimage_binding_refuses_too_large_without_crashing():
             "    native._C_cuda.preimage_gd(Z0, B, torch.rand(2, 3, device='cuda'), 1e-4, 2,\n"
             "                               torch.ones(2, device='cuda'))\n"
             "except RuntimeError as e:\n"
-            "    print('raised:', e)\n")
+            "    print('raised:', e)\n"
+            # and eigh's size check, whose message carries an int64 too (crashed in session 12)
+            "try:\n"
+            "    native._C_cuda.eigh(torch.eye(2049, device='cuda'), 1e-7, 10)\n"
+            "except RuntimeError as e:\n"
+            "    print('eigh raised:', e)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     assert "raised:" in proc.stdout and "shared memory" in proc.stdout, proc.stdout
+    assert "eigh raised:" in proc.stdout and "n = 2049" in proc.stdout, proc.stdout
 
 
 # --------------------------------------------------------------- CPU: registration with a stand-in
