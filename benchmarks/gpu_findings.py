@@ -18,6 +18,13 @@
    geomkern.ops.eigh.full_eigh): torch.linalg.eigh on float32 against the float64 upcast, on
    batches of the sizes kpca's dense solver sees, medians of 5 timed runs after a warm-up.
 
+4. Where the CUDA Jacobi eigh (geomkern._C_cuda, one block per matrix) beats the reference that
+   ``auto`` runs on CUDA (float32 solved in float64, 3. above), over a grid of matrix sizes and
+   batch sizes: ``gk.eigh`` under each backend, interleaved, with the eigenvalue difference between
+   the two (session 12's benchmark suite had the kernel 57x torch's float32 eigh at 500 of 100 x 100
+   and 0.38x at 64 of 512 x 512: a crossover ``auto`` could use, never measured between). Needs the
+   build: the session runs it after the native step (``--only eigh_crossover``).
+
 Every record goes to --jsonl as it is made; a summary line per case is printed.
 """
 from __future__ import annotations
@@ -149,20 +156,29 @@ def kpca_eigenvalues(emit, seeds) -> None:
             f"{r['eigh_cpu_f32_of_exact_gram']:.1e}" for r in per), flush=True)
 
 
-def eigh_upcast_cost(emit) -> None:
-    def timed(fn, reps=5):
+def timed(fn, reps=5, warm=True, device: str = "cuda") -> float:
+    """Median of ``reps`` timed calls in µs (CUDA events; on CPU, for the tests, a wall clock),
+    after one untimed call."""
+    if warm:
         fn()
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+    out = []
+    for _ in range(reps):
+        if device == "cpu":
+            t = time.perf_counter()
             fn()
-            b.record()
-            torch.cuda.synchronize()
-            out.append(a.elapsed_time(b) * 1e3)
-        return sorted(out)[len(out) // 2]
+            out.append((time.perf_counter() - t) * 1e6)
+            continue
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b) * 1e3)
+    return sorted(out)[len(out) // 2]
 
+
+def eigh_upcast_cost(emit) -> None:
     for batch, n in ((500, 100), (30, 300), (8, 1000), (1, 2000)):
         X = torch.randn(batch, n, n, device="cuda", generator=torch.Generator("cuda").manual_seed(n))
         A = (X + X.transpose(1, 2)) / 2
@@ -179,11 +195,62 @@ def eigh_upcast_cost(emit) -> None:
               flush=True)
 
 
+# (n, batch) cells of the eigh crossover, in the order they are measured (the cheap ones first:
+# a cell past the deadline is recorded as skipped): the batch sizes straddle one block per SM
+# (132 on an H100) and kpca's dense buckets (n up to a few hundred).
+CROSSOVER_N = (32, 64, 100, 128, 192, 256, 384, 512)
+CROSSOVER_B = (1, 16, 132, 400)
+
+
+def eigh_crossover(emit, budget_s: float = 35.0, device: str = "cuda",
+                   ns=CROSSOVER_N, batches=CROSSOVER_B) -> None:
+    """``device="cpu"`` (the tests: native runs the reference there) checks the records' form."""
+    import geomkern as gk
+    why = gk.why_not("native", device)
+    if why:
+        emit({"finding": "eigh_crossover", "skipped": why})
+        return
+    t0 = time.monotonic()
+    for B in batches:
+        for n in ns:
+            rec = {"finding": "eigh_crossover", "batch": B, "n": n}
+            if time.monotonic() - t0 > budget_s or B * n ** 3 > 400 * 256 ** 3:
+                emit({**rec, "skipped": "budget" if time.monotonic() - t0 > budget_s else "too costly"})
+                continue
+            X = torch.randn(B, n, n, device=device, generator=torch.Generator(device).manual_seed(n + B))
+            A = (X + X.transpose(1, 2)) / 2
+
+            def run(backend):
+                with gk.set_backend(backend):
+                    return gk.eigh(A)
+
+            ref_w, nat_w = run("reference")[0], run("native")[0]  # the warm-up calls
+            us = {"reference": [], "native": []}
+            for _ in range(2):  # interleaved: reference, native, reference, native
+                for name in us:
+                    us[name].append(timed(lambda: run(name), reps=1, warm=False, device=device))
+            rec.update(reference_us=round(min(us["reference"]), 1), native_us=round(min(us["native"]), 1),
+                       native_speedup=round(min(us["reference"]) / min(us["native"]), 2),
+                       eigenvalue_rel_diff=rel(nat_w.double(), ref_w.double()))
+            emit(rec)
+            print(f"eigh crossover {B} x {n}: reference {rec['reference_us']:.0f} us, native "
+                  f"{rec['native_us']:.0f} us ({rec['native_speedup']:.2f}x)", flush=True)
+
+
+FINDINGS = ("tf32_symmetric", "kpca_eigenvalues", "eigh_upcast_cost", "eigh_crossover")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jsonl", type=Path, required=True)
     ap.add_argument("--seeds", default="424455771,29497708,1,2,3")
+    ap.add_argument("--only", default=",".join(FINDINGS),
+                    help=f"comma-separated findings to run, of {', '.join(FINDINGS)} (default: all)")
     args = ap.parse_args()
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = sorted(set(only) - set(FINDINGS))
+    if unknown:
+        ap.error(f"--only: unknown finding(s) {unknown}; choose from {', '.join(FINDINGS)}")
     if not torch.cuda.is_available():
         print("gpu_findings: no CUDA device here", file=sys.stderr)
         return 2
@@ -197,7 +264,10 @@ def main() -> int:
     for name, fn in (("tf32_symmetric", lambda: tf32_symmetric(emit)),
                      ("kpca_eigenvalues", lambda: kpca_eigenvalues(
                          emit, [int(s) for s in args.seeds.split(",")])),
-                     ("eigh_upcast_cost", lambda: eigh_upcast_cost(emit))):
+                     ("eigh_upcast_cost", lambda: eigh_upcast_cost(emit)),
+                     ("eigh_crossover", lambda: eigh_crossover(emit))):
+        if name not in only:
+            continue
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - the next finding runs whatever happened

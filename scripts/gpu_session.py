@@ -19,6 +19,8 @@ A lent machine is bare, offline, and held for minutes; this driver is the one pr
   findings   benchmarks/gpu_findings.py: the tf32 Gram, kpca eigenvalue and eigh-cost checks
              behind session 9's fixes (docs/history.md section 21), re-measured
   native     (after the build) the CUDA C++ kernels' GPU tests
+  findings:eigh  (after the build) the CUDA Jacobi eigh against auto's reference over matrix and
+             batch sizes: the crossover an auto rule for eigh on CUDA needs
   rest       every other precision and float64 beside the model, the CUDA kernels' cases, then
              the GPU benchmark suites (eigh, Triton vs torch / torch.compile / KeOps)
 
@@ -319,9 +321,23 @@ def main() -> int:
         emit({"step": "findings", "kind": "step", "status": "skipped",
               "why": "needs a GPU (benchmarks/gpu_findings.py measures on CUDA only)"})
     else:
-        step("findings", [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL)], 60, reserve_s=60)
+        step("findings", [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL), "--only",
+                          "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost"], 60, reserve_s=60)
 
     # 6. the build, then the CUDA C++ kernels' tests
+    def needs_libstdcxx() -> dict:
+        """Whether each built module names libstdc++.so.6 as NEEDED: a compiler that links it
+        statically crashed every number-formatting error message on the GPU image (session 12,
+        studies/preimage-throw; setup.py's SHARED_LIBSTDCXX). None where readelf is missing."""
+        out = {}
+        for so in sorted((build_lib / "geomkern").glob("_C*.so")):
+            if shutil.which("readelf") is None:
+                out[so.name] = None
+                continue
+            dyn = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, timeout=30).stdout
+            out[so.name] = "[libstdc++.so.6]" in dyn
+        return {"needs_libstdcxx": out}
+
     def built():
         where = build_lib if DRY else ROOT
         if not DRY:
@@ -338,11 +354,13 @@ def main() -> int:
                                    "print(torch.ops.geomkern_native.cpu_isa())",
                                    str(lib)], cwd=ROOT, capture_output=True, text=True, timeout=60)
             return {"backends": probe.stdout.strip(), "built": str(lib) if lib else None,
-                    "loads": load.returncode == 0, "load_output": (load.stdout + load.stderr)[-300:]}
+                    "loads": load.returncode == 0, "load_output": (load.stdout + load.stderr)[-300:],
+                    **needs_libstdcxx()}
         text = (OUT / "build.log").read_text(errors="replace")
         return {"backends": probe.stdout.strip() or probe.stderr.strip()[-300:],
                 "cuda_built_line": next((ln for ln in text.splitlines()
-                                         if "geomkern" in ln and "CUDA" in ln), None)}
+                                         if "geomkern" in ln and "CUDA" in ln), None),
+                **needs_libstdcxx()}
     step("build", build_cmd, 240, proc=build, extra=built if build else None, reserve_s=20)
     nxml = junit / "native.xml"
     native = pytest_cmd(nxml, ["tests/geomkern/test_cuda_native.py"] + ([] if DRY else [
@@ -355,6 +373,13 @@ def main() -> int:
                   # whole step at 60 s after 30 tests without saying which one was running)
                   ] + plugin_args(timeout=["-p", "timeout", "--timeout", "40"])))
     step("native", native, 120, env=plugin_env("native"), reserve_s=20, extra=lambda: junit_summary(nxml))
+    # 6b. where the CUDA Jacobi eigh beats auto's reference on CUDA: sizes x batches (needs the build)
+    if DRY:
+        emit({"step": "findings:eigh", "kind": "step", "status": "skipped",
+              "why": "needs a GPU and the CUDA build (benchmarks/gpu_findings.py --only eigh_crossover)"})
+    else:
+        step("findings:eigh", [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL), "--only",
+                               "eigh_crossover"], 45, reserve_s=15)
 
     # 7. the rest: other precisions + float64 + CUDA kernels beside the model; benchmark suites
     if DRY:

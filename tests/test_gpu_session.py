@@ -39,6 +39,7 @@ def test_every_step_ran_and_succeeded(session):
     for name in STEPS:
         assert steps[name]["status"] == "ok", f"{name}: {steps[name]}"
     assert steps["findings"]["status"] == "skipped" and "needs a GPU" in steps["findings"]["why"]
+    assert steps["findings:eigh"]["status"] == "skipped" and "eigh_crossover" in steps["findings:eigh"]["why"]
     assert recs[0]["kind"] == "env" and recs[0]["dry"] is True
     assert recs[-1]["kind"] == "end"
 
@@ -61,6 +62,9 @@ def test_build_and_tests_are_real(session):
     recs, _, _ = session
     steps = {r["step"]: r for r in recs if r.get("kind") == "step"}
     assert steps["build"]["built"] and steps["build"]["loads"], steps["build"]
+    # the build record says whether libstdc++ stayed shared (the GPU image's crash, session 12)
+    needs = steps["build"]["needs_libstdcxx"]
+    assert needs and all(v in (True, None) for v in needs.values()), needs
     assert steps["gpu_tests"]["passed"] > 10 and steps["gpu_tests"]["failures"] == 0
 
 
@@ -165,12 +169,15 @@ def test_gpu_scripts_paths_exist():
     ("rest:bench", {"rest:bench"}),               # one step by its whole name (session 12 ran none)
     ("rest", {"rest:model", "rest:bench"}),       # a family
     ("build,native", {"build", "native"}),
-    ("", {"headline", "schemes", "gpu_tests", "findings", "build", "native", "rest:model", "rest:bench"}),
+    ("findings", {"findings", "findings:eigh"}),
+    ("", {"headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
+          "rest:bench"}),
 ])
 def test_steps_are_chosen_by_name_or_family(only, chosen):
     """GPU_SESSION_STEPS picks steps by their whole name or their family: session 12's third call
     named rest:bench, and the driver ran nothing, because only the family matched."""
-    names = ["headline", "schemes", "gpu_tests", "findings", "build", "native", "rest:model", "rest:bench"]
+    names = ["headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
+             "rest:bench"]
     code = ("import importlib.util, sys\n"
             f"spec = importlib.util.spec_from_file_location('gs', {str(ROOT / 'scripts' / 'gpu_session.py')!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
@@ -179,3 +186,30 @@ def test_steps_are_chosen_by_name_or_family(only, chosen):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert set(res.stdout.strip().split(",")) - {""} == chosen
+
+
+def test_findings_refuses_an_unknown_finding(tmp_path):
+    """gpu_findings.py --only names what it runs (the session runs eigh_crossover after the build);
+    a misspelt name is refused before anything runs, with the valid names."""
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_findings.py"), "--jsonl",
+                          str(tmp_path / "f.jsonl"), "--only", "eigh_crosover"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "eigh_crosover" in res.stderr and "eigh_crossover" in res.stderr, res.stderr
+    assert not (tmp_path / "f.jsonl").exists()
+
+
+def test_eigh_crossover_records(tmp_path):
+    """The eigh crossover finding's records, run on CPU (native's eigh is the reference there, so
+    the speedups mean nothing; the grid, the deadline and the equal-result check are what runs)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_findings", ROOT / "benchmarks" / "gpu_findings.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recs = []
+    mod.eigh_crossover(recs.append, budget_s=30.0, device="cpu", ns=(5, 9), batches=(1, 3))
+    assert [(r["batch"], r["n"]) for r in recs] == [(1, 5), (1, 9), (3, 5), (3, 9)]
+    for r in recs:
+        assert r["reference_us"] > 0 and r["native_us"] > 0 and r["eigenvalue_rel_diff"] < 1e-6, r
+    late = []
+    mod.eigh_crossover(late.append, budget_s=-1.0, device="cpu", ns=(5,), batches=(1,))
+    assert late == [{"finding": "eigh_crossover", "batch": 1, "n": 5, "skipped": "budget"}]
