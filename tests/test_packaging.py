@@ -381,4 +381,6 @@ def test_static_libstdcxx_breaks_number_formatting_and_the_link_flag_fixes_it(tm
                 assert "libstdc++.so.6" in _needed(so)
     rc, lines = outs["fixed"]
     assert rc == 0 and lines == ["'1.5 7'", "'g = -1 for [2, 3]'"], outs
+    # the static build alone must show the fault, or this test no longer shows what the flag fixes
+    assert outs["static"] != outs["fixed"], f"-static-libstdc++ alone formats numbers here: {outs}"
     print("forced static libstdc++ alone:", outs["static"])
