@@ -2,10 +2,12 @@
 syevj for small matrices), zero-copy both ways through DLPack.
 
 Registered as backend "cupy" when ``cupy`` imports; it serves CUDA tensors only (a CPU tensor
-under ``set_backend("cupy")`` uses the reference). Not preferred by ``auto``, although the one
-recorded comparison (float32 centred RBF Grams on an H100,
-results/gpu/eigh_gpu-NVIDIA_H100_80GB_HBM3.json) measured it faster than torch.linalg.eigh: 0.0080 s
-against 0.88 s for 500 of 100 x 100, 0.13 s against 0.94 s for 64 of 512 x 512.
+under ``set_backend("cupy")`` uses the reference). Not preferred by ``auto``: it is the fastest
+recorded (float32 centred RBF Grams on an H100, results/gpu/eigh_gpu-NVIDIA_H100_80GB_HBM3.json:
+0.0080 s against torch.linalg.eigh's 0.88 s for 500 of 100 x 100, 0.13 s against 0.94 s for 64
+of 512 x 512), but not at the reference's accuracy. Its float32 eigenvalues were 1.5e-5 and
+2.7e-4 off the float64 ones there (GPU session 12 again), where the reference solves float32 in
+float64 on CUDA (3e-8, benchmarks/gpu_findings.py's eigh_upcast_cost; geomkern.ops.eigh.full_eigh).
 """
 from __future__ import annotations
 
