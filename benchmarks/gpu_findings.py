@@ -25,6 +25,12 @@
    and 0.38x at 64 of 512 x 512: a crossover ``auto`` could use, never measured between). Needs the
    build: the session runs it after the native step (``--only eigh_crossover``).
 
+5. kpca's solver on CUDA: ``solver="auto"`` picks dense eigh or block Krylov by a rule measured on
+   CPU (geomkern.ops.kpca.auto_top). Here ``gk.kpca`` with each solver on two sets of clusters,
+   interleaved, with the eigenvalue difference from the dense solve: whether that rule is also
+   the fast choice on a GPU (session 12's suite: the dense kpca of 30 clusters took 0.55 s, most of
+   it the float64 eigh, while its Grams took 1.4 ms).
+
 Every record goes to --jsonl as it is made; a summary line per case is printed.
 """
 from __future__ import annotations
@@ -237,7 +243,43 @@ def eigh_crossover(emit, budget_s: float = 35.0, device: str = "cuda",
                   f"{rec['native_us']:.0f} us ({rec['native_speedup']:.2f}x)", flush=True)
 
 
-FINDINGS = ("tf32_symmetric", "kpca_eigenvalues", "eigh_upcast_cost", "eigh_crossover")
+# (name, cluster sizes, D): the benchmark suite's 30 clusters and many small ones
+KPCA_CASES = (("30 clusters 100-2000 x D512", torch.linspace(100, 2000, 30).round().long().tolist(), 512),
+              ("200 clusters 50-300 x D64", torch.linspace(50, 300, 200).round().long().tolist(), 64))
+
+
+def kpca_solver(emit, budget_s: float = 30.0, device: str = "cuda", cases=KPCA_CASES, d: int = 8) -> None:
+    """``device="cpu"`` (the tests) checks the records' form."""
+    import geomkern as gk
+    t0 = time.monotonic()
+    for name, sizes, D in cases:
+        if time.monotonic() - t0 > budget_s:
+            emit({"finding": "kpca_solver", "case": name, "skipped": "budget"})
+            continue
+        gen = torch.Generator(device).manual_seed(len(sizes))
+        X = torch.randn(sum(sizes), D, device=device, generator=gen) / D ** 0.5
+        offsets = torch.tensor([0] + sizes, device=device).cumsum(0)
+        gamma = gk.median_gamma(X)
+
+        def run(solver):
+            return gk.kpca(X, offsets, n_components=d, gamma=gamma, solver=solver).eigenvalues
+
+        dense = run("dense")  # also the warm-up
+        vals = {s: run(s) for s in ("subspace", "auto")}
+        us = {s: [] for s in ("dense", "subspace", "auto")}
+        for _ in range(2):  # interleaved
+            for solver in us:
+                us[solver].append(timed(lambda: run(solver), reps=1, warm=False, device=device))
+        rec = {"finding": "kpca_solver", "case": name, "clusters": len(sizes), "D": D, "d": d,
+               **{f"{s}_us": round(min(t), 1) for s, t in us.items()},
+               **{f"{s}_eigenvalue_rel_diff": rel(v.double(), dense.double()) for s, v in vals.items()}}
+        rec["fastest"] = min(us, key=lambda s: min(us[s]))
+        emit(rec)
+        print(f"kpca {name}: dense {rec['dense_us']:.0f} us, subspace {rec['subspace_us']:.0f} us, "
+              f"auto {rec['auto_us']:.0f} us (fastest: {rec['fastest']})", flush=True)
+
+
+FINDINGS = ("tf32_symmetric", "kpca_eigenvalues", "eigh_upcast_cost", "kpca_solver", "eigh_crossover")
 
 
 def main() -> int:
@@ -265,6 +307,7 @@ def main() -> int:
                      ("kpca_eigenvalues", lambda: kpca_eigenvalues(
                          emit, [int(s) for s in args.seeds.split(",")])),
                      ("eigh_upcast_cost", lambda: eigh_upcast_cost(emit)),
+                     ("kpca_solver", lambda: kpca_solver(emit)),
                      ("eigh_crossover", lambda: eigh_crossover(emit))):
         if name not in only:
             continue

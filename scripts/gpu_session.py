@@ -17,7 +17,8 @@ A lent machine is bare, offline, and held for minutes; this driver is the one pr
   gpu_tests  the GPU-marked tests of the Triton kernels and the reference ops on CUDA tensors,
              one pytest over pytest-xdist workers (kernel compiles side by side)
   findings   benchmarks/gpu_findings.py: the tf32 Gram, kpca eigenvalue and eigh-cost checks
-             behind session 9's fixes (docs/history.md section 21), re-measured
+             behind session 9's fixes (docs/history.md section 21), re-measured, and kpca's
+             dense and Krylov solvers timed on CUDA (its auto rule was measured on CPU)
   native     (after the build) the CUDA C++ kernels' GPU tests
   findings:eigh  (after the build) the CUDA Jacobi eigh against auto's reference over matrix and
              batch sizes: the crossover an auto rule for eigh on CUDA needs
@@ -322,7 +323,7 @@ def main() -> int:
               "why": "needs a GPU (benchmarks/gpu_findings.py measures on CUDA only)"})
     else:
         step("findings", [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL), "--only",
-                          "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost"], 60, reserve_s=60)
+                          "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost,kpca_solver"], 75, reserve_s=60)
 
     # 6. the build, then the CUDA C++ kernels' tests
     def needs_libstdcxx() -> dict:

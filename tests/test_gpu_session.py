@@ -213,3 +213,21 @@ def test_eigh_crossover_records(tmp_path):
     late = []
     mod.eigh_crossover(late.append, budget_s=-1.0, device="cpu", ns=(5,), batches=(1,))
     assert late == [{"finding": "eigh_crossover", "batch": 1, "n": 5, "skipped": "budget"}]
+
+
+def test_kpca_solver_records():
+    """The kpca solver finding's records, run on CPU on small clusters (the times mean nothing
+    here; every solver's eigenvalues must agree with the dense solve's)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_findings", ROOT / "benchmarks" / "gpu_findings.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    recs = []
+    mod.kpca_solver(recs.append, device="cpu", cases=(("3 clusters", [40, 60, 90], 8),), d=3)
+    (r,) = recs
+    assert r["clusters"] == 3 and r["fastest"] in ("dense", "subspace", "auto"), r
+    assert all(r[f"{s}_us"] > 0 for s in ("dense", "subspace", "auto")), r
+    assert r["subspace_eigenvalue_rel_diff"] < 1e-4 and r["auto_eigenvalue_rel_diff"] < 1e-4, r
+    late = []
+    mod.kpca_solver(late.append, budget_s=-1.0, device="cpu", cases=(("3 clusters", [40], 8),), d=3)
+    assert late == [{"finding": "kpca_solver", "case": "3 clusters", "skipped": "budget"}]
