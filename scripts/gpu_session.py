@@ -317,13 +317,17 @@ def main() -> int:
          reserve_s=60, extra=lambda: junit_summary(xml))
 
     # 5b. the numerical findings of session 9 re-measured (tf32 Gram against its rounded-operand
-    # model, the kpca eigenvalue error split, float64 eigh's cost; benchmarks/gpu_findings.py)
-    if DRY:
-        emit({"step": "findings", "kind": "step", "status": "skipped",
-              "why": "needs a GPU (benchmarks/gpu_findings.py measures on CUDA only)"})
-    else:
-        step("findings", [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL), "--only",
-                          "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost,kpca_solver"], 75, reserve_s=60)
+    # model, the kpca eigenvalue error split, float64 eigh's cost; benchmarks/gpu_findings.py),
+    # and kpca's solvers on CUDA
+    def findings(name: str, only: str, limit_s: float, reserve_s: float, needs: str) -> None:
+        if DRY:
+            emit({"step": name, "kind": "step", "status": "skipped",
+                  "why": f"needs {needs} (benchmarks/gpu_findings.py --only {only} measures on CUDA only)"})
+        else:
+            step(name, [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL), "--only", only],
+                 limit_s, reserve_s=reserve_s)
+
+    findings("findings", "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost,kpca_solver", 75, 60, "a GPU")
 
     # 6. the build, then the CUDA C++ kernels' tests
     def needs_libstdcxx() -> dict:
@@ -375,12 +379,7 @@ def main() -> int:
                   ] + plugin_args(timeout=["-p", "timeout", "--timeout", "40"])))
     step("native", native, 120, env=plugin_env("native"), reserve_s=20, extra=lambda: junit_summary(nxml))
     # 6b. where the CUDA Jacobi eigh beats auto's reference on CUDA: sizes x batches (needs the build)
-    if DRY:
-        emit({"step": "findings:eigh", "kind": "step", "status": "skipped",
-              "why": "needs a GPU and the CUDA build (benchmarks/gpu_findings.py --only eigh_crossover)"})
-    else:
-        step("findings:eigh", [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL), "--only",
-                               "eigh_crossover"], 45, reserve_s=15)
+    findings("findings:eigh", "eigh_crossover", 45, 15, "a GPU and the CUDA build")
 
     # 7. the rest: other precisions + float64 + CUDA kernels beside the model; benchmark suites
     if DRY:
