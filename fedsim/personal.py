@@ -26,7 +26,7 @@ import torch
 
 from . import _checkpoint
 from ._seeds import TRAIN, generator
-from .algorithms import build_algorithm
+from .algorithms import build_algorithm, personal_algorithms
 from .algorithms.base import ClientContext, ClientUpdate
 from .client import local_train
 from .data import load_dataset
@@ -51,7 +51,7 @@ def is_personal_run(cfg) -> bool:
         else:
             why = f"methods {sorted(personal)} are personalised and cannot share a run with global-model methods"
         raise ValueError(f"config: {why}; methods {sorted(set(algos) - personal)} train one global model: "
-                         "use the personalised algorithms local, fedrep, flic, fedhenn")
+                         f"use the personalised algorithms {personal_algorithms()}")
     bad = [m.name for m in cfg.methods if m.augmenter != "none"]
     if bad:
         raise ValueError(f"config: methods {bad} use an augmenter; augmenters work in one shared feature "

@@ -30,7 +30,7 @@ from ._params import apply_params, check_params_table
 from ._specs import CENTRALISED, MethodSpec, default_methods, slug
 from ._validate_config import (ConfigError, apply_resume_changes, check_config, check_model_memory, check_out,
                                read_config_json)
-from .algorithms import build_algorithm
+from .algorithms import build_algorithm, personal_algorithms
 from .augmenters import ClientData, build_augmenter
 from .client import DivergedError, client_round
 from .data import load_dataset
@@ -585,19 +585,19 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
         raise ConfigError("config: tuning (--tune, --tune-lr, --tune-epochs) runs on the local engine and on "
                           "global-model methods, which have validation rows; " + (
                               f"drop --engine {engine.name} to tune, then run the chosen values there with "
-                              "--lr/--epochs" if not engine.tunes else "the personalised path (local, fedrep, "
-                              "flic, fedhenn, toy:NAME) has none: drop the tuning flags"))
+                              "--lr/--epochs" if not engine.tunes else f"the personalised path ({personal_algorithms()}, "
+                              "toy:NAME) has none: drop the tuning flags"))
     if personal and cfg.centralised:
         raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
-                          "personalised runs (local, fedrep, flic, fedhenn, toy:NAME datasets) have no such row")
+                          f"personalised runs ({personal_algorithms()}, toy:NAME datasets) have no such row")
     if personal and (ignored := personal_ignores(cfg)):
-        raise ConfigError(f"config: {', '.join(ignored)} play(s) no part on the personalised path (local, fedrep, "
-                          "flic, fedhenn, toy:NAME datasets: each client keeps its own rows and view"
+        raise ConfigError(f"config: {', '.join(ignored)} play(s) no part on the personalised path "
+                          f"({personal_algorithms()}, toy:NAME datasets: each client keeps its own rows and view"
                           + ("; a toy dataset generates its own clients" if is_toy(cfg.dataset) else "")
                           + "): drop them")
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     write_config = not resume or cfg.rounds != stored_rounds
-    if personal:  # local / fedrep / flic, or clients in their own feature spaces (toy:NAME)
+    if personal:  # personalised algorithms, or clients in their own feature spaces (toy:NAME)
         # config.json is written again on resume (it may have raised rounds)
         return Plan(cfg, out, resume, engine_name, True, seeds, None, {}, None,
                     {s: personal_dataset(cfg, s) for s in seeds})

@@ -1,7 +1,7 @@
 """FL algorithms as hook sets over one round loop. ``build_algorithm(name, **hparams)``."""
 from __future__ import annotations
 
-from ._registry import ALGORITHMS, register
+from ._registry import ALGORITHMS, personal_algorithms, register
 from .base import Algorithm, ClientContext, ClientUpdate
 
 
@@ -12,7 +12,8 @@ def build_algorithm(name: str, **hparams) -> Algorithm:
     return ALGORITHMS[key](**hparams)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientUpdate", "build_algorithm", "register"]
+__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientUpdate", "build_algorithm", "personal_algorithms",
+           "register"]
 
 # Each module registers its algorithms with `register` (fedsim/algorithms/_registry.py).
 from . import feddyn, fedmp, fedntd, fedopt, fedproto, moon, scaffold  # noqa: E402,F401
