@@ -121,7 +121,11 @@ def _tf32_split(x):
 def mma(a, b, acc, PRECISION: tl.constexpr):
     """acc + a @ b on the tensor cores as PRECISION says (see dot_precision): every kernel's dot
     goes through here, so a scheme change reaches all of them. acc: the accumulator tile (float32,
-    or float64 for float64 operands), never None."""
+    or float64 for float64 operands), never None.
+
+    Kernels call it by this name (``from ._common import mma``), not through a module alias such as
+    ``C.mma``: torch.compile (Inductor) copies a kernel with the @triton.jit functions it names,
+    and a module alias does not come along (tests/geomkern/test_triton.py checks every kernel)."""
     # out_dtype: acc's (float64 for float64 operands): triton 3.6 (the GPU image's) takes
     # float32 unless told, and refuses a float64 accumulator then
     if PRECISION == "tf32x3split":

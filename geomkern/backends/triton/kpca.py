@@ -13,9 +13,7 @@ import triton.language as tl
 
 from ... import _dispatch
 from . import _common as C
-# the kernels call mma by its own name: torch.compile (Inductor) copies a kernel with the @triton.jit
-# functions it names, and a module alias such as C does not come along (tests/geomkern/test_triton.py)
-from ._common import mma
+from ._common import mma  # by name, not C.mma: see mma's docstring
 from .rbf import _sqdist_tile, sm_count, sym_gram, wave_splits
 
 

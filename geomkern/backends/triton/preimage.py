@@ -28,9 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import _dispatch
 from . import _common as C
-# the kernels call mma by its own name: torch.compile (Inductor) copies a kernel with the @triton.jit
-# functions it names, and a module alias such as C does not come along (tests/geomkern/test_triton.py)
-from ._common import mma
+from ._common import mma  # by name, not C.mma: see mma's docstring
 
 
 # do_not_specialize: Triton compiles a variant per pattern of integer arguments equal to 1, and
