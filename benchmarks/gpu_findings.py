@@ -184,6 +184,16 @@ def timed(fn, reps=5, warm=True, device: str = "cuda") -> float:
     return sorted(out)[len(out) // 2]
 
 
+def interleaved_min(calls: dict, device: str = "cuda", rounds: int = 2) -> dict:
+    """µs per call of each of ``calls`` (name -> function, already warmed up): each timed once per
+    round, in turn, the minimum over ``rounds`` rounds."""
+    us = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            us[name].append(timed(fn, reps=1, warm=False, device=device))
+    return {name: min(t) for name, t in us.items()}
+
+
 def eigh_upcast_cost(emit) -> None:
     for batch, n in ((500, 100), (30, 300), (8, 1000), (1, 2000)):
         X = torch.randn(batch, n, n, device="cuda", generator=torch.Generator("cuda").manual_seed(n))
@@ -231,12 +241,9 @@ def eigh_crossover(emit, budget_s: float = 35.0, device: str = "cuda",
                     return gk.eigh(A)
 
             ref_w, nat_w = run("reference")[0], run("native")[0]  # the warm-up calls
-            us = {"reference": [], "native": []}
-            for _ in range(2):  # interleaved: reference, native, reference, native
-                for name in us:
-                    us[name].append(timed(lambda: run(name), reps=1, warm=False, device=device))
-            rec.update(reference_us=round(min(us["reference"]), 1), native_us=round(min(us["native"]), 1),
-                       native_speedup=round(min(us["reference"]) / min(us["native"]), 2),
+            us = interleaved_min({b: (lambda b=b: run(b)) for b in ("reference", "native")}, device)
+            rec.update(reference_us=round(us["reference"], 1), native_us=round(us["native"], 1),
+                       native_speedup=round(us["reference"] / us["native"], 2),
                        eigenvalue_rel_diff=rel(nat_w.double(), ref_w.double()))
             emit(rec)
             print(f"eigh crossover {B} x {n}: reference {rec['reference_us']:.0f} us, native "
@@ -266,14 +273,11 @@ def kpca_solver(emit, budget_s: float = 30.0, device: str = "cuda", cases=KPCA_C
 
         dense = run("dense")  # also the warm-up
         vals = {s: run(s) for s in ("subspace", "auto")}
-        us = {s: [] for s in ("dense", "subspace", "auto")}
-        for _ in range(2):  # interleaved
-            for solver in us:
-                us[solver].append(timed(lambda: run(solver), reps=1, warm=False, device=device))
+        us = interleaved_min({s: (lambda s=s: run(s)) for s in ("dense", "subspace", "auto")}, device)
         rec = {"finding": "kpca_solver", "case": name, "clusters": len(sizes), "D": D, "d": d,
-               **{f"{s}_us": round(min(t), 1) for s, t in us.items()},
+               **{f"{s}_us": round(t, 1) for s, t in us.items()},
                **{f"{s}_eigenvalue_rel_diff": rel(v.double(), dense.double()) for s, v in vals.items()}}
-        rec["fastest"] = min(us, key=lambda s: min(us[s]))
+        rec["fastest"] = min(us, key=us.get)
         emit(rec)
         print(f"kpca {name}: dense {rec['dense_us']:.0f} us, subspace {rec['subspace_us']:.0f} us, "
               f"auto {rec['auto_us']:.0f} us (fastest: {rec['fastest']})", flush=True)
