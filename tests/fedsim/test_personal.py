@@ -570,3 +570,17 @@ def test_settings_the_personalised_path_ignores_are_refused_and_not_recorded(tmp
     mixed = run(_cfg(dataset="wordnet:mixed", n_clients=4, partition="iid", rounds=1,
                      methods=[MethodSpec("Local", "local")]), tmp_path / "mixed", progress=False)["config"]
     assert mixed["partition"] == "iid" and "beta" not in mixed and "feature_shift" not in mixed
+
+
+def test_refusals_name_every_registered_personalised_algorithm(tmp_path):
+    """The personalised path's refusals list its algorithms from the registry, so a new one
+    (FedHeNN) is named without editing each message."""
+    from fedsim.algorithms import ALGORITHMS, personal_algorithms
+    from fedsim.runner import ConfigError
+
+    names = personal_algorithms().split(", ")
+    assert names == sorted(n for n, c in ALGORITHMS.items() if getattr(c, "personal", False))
+    assert {"local", "fedrep", "flic", "fedhenn"} <= set(names)
+    with pytest.raises(ConfigError) as err:
+        run(_cfg(rounds=1, feature_shift=1.0), tmp_path / "x", progress=False)
+    assert all(n in str(err.value) for n in names), str(err.value)
