@@ -15,19 +15,28 @@ class DivergedError(RuntimeError):
     """Training produced a non-finite loss or weights (the runner adds the likely cause)."""
 
 
+def make_optimizer(model, optimizer: str, *, lr: float, momentum: float = 0.9,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """``optimizer``: "sgd" (with ``momentum``) or "adam" (``momentum`` unused): the personalised
+    methods' ``optimizer`` hyper-parameter (the FLIC paper trains with Adam)."""
+    if optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"local_train: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+
+
 def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size: int,
                 momentum: float = 0.9, weight_decay: float = 0.0,
-                generator: torch.Generator | None = None, optimizer: str = "sgd") -> ClientUpdate:
-    """``optimizer``: "sgd" (with ``momentum``) or "adam" (fresh moments each call, ``momentum``
-    unused): the personalised methods' ``optimizer`` hyper-parameter (the FLIC paper trains with Adam)."""
+                generator: torch.Generator | None = None,
+                optimizer: str | torch.optim.Optimizer = "sgd") -> ClientUpdate:
+    """``optimizer``: a name for make_optimizer (fresh state each call), or an optimizer over
+    ctx.model's parameters that the caller keeps across calls (personal._train: one per client
+    round, its phases sharing it)."""
     model = ctx.model
     model.train()
-    if optimizer == "adam":
-        opt = torch.optim.Adam(model.parameters(), lr=ctx.lr, weight_decay=weight_decay)
-    elif optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=momentum, weight_decay=weight_decay)
-    else:
-        raise ValueError(f"local_train: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    opt = make_optimizer(model, optimizer, lr=ctx.lr, momentum=momentum, weight_decay=weight_decay) \
+        if isinstance(optimizer, str) else optimizer
     ctx.momentum = momentum
     algo.begin_client(ctx)
     n = ctx.x.shape[0]

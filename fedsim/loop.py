@@ -27,6 +27,9 @@ class Federation:
     n_clients: int
     template: dict | None = None
     weights: tuple[str, ...] = ("global",)
+    # True: after cfg.rounds rounds, one more (0-based index cfg.rounds) in which every client takes
+    # part (personal.PersonalFederation: the FLIC authors' last round, PersonalAlgorithm.final_epochs)
+    final_round: bool = False
 
     def restore(self, state: dict) -> None:
         """Take the verified checkpoint ``state`` (raise _checkpoint.CheckpointError if it does not fit)."""
@@ -53,8 +56,9 @@ def select(seed: int, r: int, n_clients: int, fraction: float) -> list[int]:
 
 def run_rounds(fed: Federation, cfg, spec, seed: int, run_dir: Path, *, fingerprint: str, dataset_sum: str,
                device, progress: bool = True) -> tuple[list[dict], dict]:
-    """Run ``fed`` for cfg.rounds rounds, continuing from run_dir/checkpoint.pt if present (once
-    verified). Returns (history, timings).
+    """Run ``fed`` for cfg.rounds rounds (+ its final round where ``fed.final_round``: every client,
+    its history entry marked ``"final": True``), continuing from run_dir/checkpoint.pt if present
+    (once verified). Returns (history, timings).
 
     ``timings["wall_s"]``: this (method, seed)'s wall time, summed over the sessions that ran it,
     each from the start of this call to its last checkpoint (the final evaluation after it, and
@@ -67,22 +71,29 @@ def run_rounds(fed: Federation, cfg, spec, seed: int, run_dir: Path, *, fingerpr
     history: list[dict] = []
     timings: dict = {"rounds": []}
     start = 0
+    total = cfg.rounds + int(fed.final_round)
+    redo = f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1, or start the whole run " \
+           "again with another --out"
     if ckpt.is_file():
         state = _checkpoint.load(ckpt, fingerprint=fingerprint, dataset=dataset_sum, template=fed.template,
-                                 rounds=cfg.rounds, device=device, weights=fed.weights,
-                                 redo=f"delete the folder {run_dir} to redo {spec.name} seed {seed} from round 1, "
-                                      "or start the whole run again with another --out")
+                                 rounds=total, device=device, weights=fed.weights, redo=redo)
         start, history, timings = state["round"], state["history"], state["timings"]
+        if start < total and any(h.get("final") for h in history):
+            raise _checkpoint.CheckpointError(
+                f"cannot resume from {ckpt}: that run already ended with its final round (every client, round "
+                f"{start}), so it cannot take more rounds; {redo}")
         fed.restore(state)
-    if start >= cfg.rounds:
+    if start >= total:
         return history, timings
     wall_before = timings.get("wall_s", 0.0)
     fed.begin(start, timings)
-    rounds = progress_bar(range(start, cfg.rounds), desc=f"{spec.name} seed {seed}", unit="round",
-                          initial=start, total=cfg.rounds, enabled=progress)
+    rounds = progress_bar(range(start, total), desc=f"{spec.name} seed {seed}", unit="round",
+                          initial=start, total=total, enabled=progress)
     for r in rounds:
-        entry, tim = fed.round(r, select(seed, r, fed.n_clients, cfg.client_fraction))
-        history.append({"round": r + 1, **entry})
+        final = r == cfg.rounds  # (only reached where fed.final_round)
+        entry, tim = fed.round(r, list(range(fed.n_clients)) if final else
+                               select(seed, r, fed.n_clients, cfg.client_fraction))
+        history.append({"round": r + 1, **entry, **({"final": True} if final else {})})
         timings["rounds"].append({"round": r + 1, **tim})
         timings["wall_s"] = wall_before + (time.perf_counter() - t_start)
         _checkpoint.save(ckpt, {"round": r + 1, **fed.state(), "history": history, "timings": timings},

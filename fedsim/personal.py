@@ -28,7 +28,7 @@ from . import _checkpoint
 from ._seeds import TRAIN, generator
 from .algorithms import build_algorithm, personal_algorithms
 from .algorithms.base import ClientContext, ClientUpdate
-from .client import local_train
+from .client import local_train, make_optimizer
 from .data import load_dataset
 from .data.dataset import ClientSplit, PersonalDataset
 from .data.partition import partition
@@ -117,10 +117,17 @@ def _init_seed(seed: int, cid: int) -> int:
 
 def _train(algo, ctx: ClientContext, cfg, gen) -> ClientUpdate:
     """The algorithm's phases for this round (PersonalAlgorithm.phases; by default FedRep's
-    schedule: the head alone, then everything else with the head frozen), each phase training its
-    modules with the others frozen."""
+    schedule: the head alone, then everything else with the head frozen; in the final round its
+    final_phases), each phase training its modules with the others frozen. One optimizer serves
+    the round's phases, as the FLIC authors' client has one Adam per round (Het_Update.py). The
+    phases train disjoint modules, and Adam and SGD (momentum, weight decay) leave a parameter
+    without a gradient untouched, so this equals a fresh optimizer per phase bit for bit
+    (tests/fedsim/test_personal.py)."""
     model = ctx.model
-    for phase in algo.phases(ctx.round, cfg.local_epochs, model):
+    phases = algo.final_phases(model) if ctx.round == cfg.rounds else algo.phases(ctx.round, cfg.local_epochs, model)
+    opt = make_optimizer(model, algo.hp["optimizer"], lr=ctx.lr, momentum=cfg.momentum,
+                         weight_decay=cfg.weight_decay)
+    for phase in phases:
         if phase.epochs <= 0:
             continue
         train = {id(p) for m in phase.train for p in getattr(model, m).parameters()}
@@ -128,7 +135,7 @@ def _train(algo, ctx: ClientContext, cfg, gen) -> ClientUpdate:
             p.requires_grad_(id(p) in train)
         # the last phase's update (its weights hold every phase's steps) is what the client reports
         upd = local_train(algo, ctx, epochs=phase.epochs, batch_size=cfg.batch_size, momentum=cfg.momentum,
-                          weight_decay=cfg.weight_decay, generator=gen, optimizer=algo.hp["optimizer"])
+                          weight_decay=cfg.weight_decay, generator=gen, optimizer=opt)
     for p in model.parameters():
         p.requires_grad_(True)
     return upd
@@ -176,6 +183,7 @@ class PersonalFederation(Federation):
             self.shared.setdefault(g, {k: v for k, v in self.personal[cid].items() if algo.shares(k)})
         algo.setup(n_classes=ds.n_classes, embed_dim=embed_dim, seed=seed, device=dev)
         self.run_dir = run_dir
+        self.final_round = algo.hp["final_epochs"] > 0
 
     def restore(self, state):
         personal, shared = state["personal"], state["shared"]
@@ -209,11 +217,11 @@ class PersonalFederation(Federation):
                                 upd.loss, upd.extras)
             by_group.setdefault(group[cid], []).append(sent)
             losses.append(upd.loss)
-            if (sent.params or sent.extras) and group[cid] not in self.alone:
+            if (sent.params or sent.extras) and group[cid] not in self.alone and r < cfg.rounds:
                 up += sent.upload_bytes()
                 down += algo.download_bytes(g)
-        for gname, ups in by_group.items():
-            if ups[0].params or ups[0].extras:
+        for gname, ups in by_group.items():  # (the final round trains no shared part: nothing to average)
+            if (ups[0].params or ups[0].extras) and r < cfg.rounds:
                 self.shared[gname] = algo.aggregate(self.shared[gname], ups, n_clients=group.count(gname))
         client_acc = [_accuracy(self._load(cid), c.x_test, c.y_test) for cid, c in enumerate(self.data)]
         entry = {"accuracy": float(np.mean(client_acc)), "client_accuracy": client_acc,
@@ -238,9 +246,12 @@ def run_personal_method(cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path
 
 
 def _metrics(history: list[dict]) -> dict:
+    """final_accuracy: after the last entry (the final round where there is one); last5_mean: over
+    the last 5 regular rounds."""
     accs = [h["accuracy"] for h in history]
+    regular = [h["accuracy"] for h in history if not h.get("final")]
     last = history[-1]["client_accuracy"]
-    return {"final_accuracy": accs[-1], "last5_mean": float(np.mean(accs[-5:])), "accuracy": accs,
+    return {"final_accuracy": accs[-1], "last5_mean": float(np.mean(regular[-5:])), "accuracy": accs,
             "client_accuracy": last, "client_accuracy_std": float(np.std(last)),
             "train_loss": [h["train_loss"] for h in history],
             "bytes_up": int(sum(h["bytes_up"] for h in history)),

@@ -44,7 +44,13 @@ class PersonalAlgorithm(Algorithm):
     # in the rounds before rep_start_round all local_epochs on the parts not shared, the shared ones
     # frozen; with nothing shared, one phase on everything). head_epochs belongs to the first,
     # rep_epochs and rep_start_round to the second.
-    defaults = {"head_epochs": 1, "optimizer": "sgd", "schedule": "fedrep", "rep_epochs": 1, "rep_start_round": 0}
+    # final_epochs: > 0 adds the FLIC authors' last round (main_flic.py and main_het_competitor.py:
+    # after the T regular rounds, one more in which *every* client trains): each client trains what
+    # it does not share for final_epochs epochs, the shared parts frozen, and nothing is averaged
+    # after it. Their value is local_ep for Local and max(10, local_ep - local_rep_ep) for FLIC
+    # (Het_Update.py), both 10 at their M = 10 (presets/flic-paper.toml).
+    defaults = {"head_epochs": 1, "optimizer": "sgd", "schedule": "fedrep", "rep_epochs": 1, "rep_start_round": 0,
+                "final_epochs": 0}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)
@@ -57,6 +63,7 @@ class PersonalAlgorithm(Algorithm):
                              f"{self.hp['schedule']!r} (--set {self.name}.schedule=personal-first)")
         _count(self.name, "rep_epochs", self.hp["rep_epochs"], 1)
         _count(self.name, "rep_start_round", self.hp["rep_start_round"], 0)
+        _count(self.name, "final_epochs", self.hp["final_epochs"], 0)
         # a setting the chosen schedule ignores is a mistake, not a no-op
         rep = sorted({"rep_epochs", "rep_start_round"} & set(hparams))
         if rep and not self.shared_prefixes:
@@ -84,9 +91,7 @@ class PersonalAlgorithm(Algorithm):
         official code's clients with no global layer do."""
         if self.hp["schedule"] == "fedrep":
             return [Phase(("head",), self.hp["head_epochs"]), Phase(("embed", "body"), local_epochs)]
-        shared = tuple(m for m in PARTS if any(self.shares(f"{m}.{k}") for k, _ in
-                                               getattr(model, m).named_parameters()))
-        own = tuple(m for m in PARTS if m not in shared)
+        shared, own = self._split(model)
         if not shared:
             return [Phase(own, local_epochs)]
         self.check_run(local_epochs)  # (RunConfig.validate asks first; this is for a direct caller)
@@ -94,6 +99,16 @@ class PersonalAlgorithm(Algorithm):
         if round < self.hp["rep_start_round"]:
             return [Phase(own, local_epochs)]
         return [Phase(own, local_epochs - rep), Phase(shared, rep)]
+
+    def final_phases(self, model) -> list[Phase]:
+        """The final round's one phase (``final_epochs`` > 0): what ``model`` does not share."""
+        return [Phase(self._split(model)[1], self.hp["final_epochs"])]
+
+    def _split(self, model) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the PersonalNet modules with a shared parameter, the others)."""
+        shared = tuple(m for m in PARTS if any(self.shares(f"{m}.{k}") for k, _ in
+                                               getattr(model, m).named_parameters()))
+        return shared, tuple(m for m in PARTS if m not in shared)
 
     def group(self, cid: int, space: str) -> str:
         """The federation a client belongs to: clients of one group average their shared parameters."""

@@ -1,11 +1,13 @@
 #!/bin/bash
-# The Fig. 4-style curve (issue 31 item 4): the flic-paper preset on both toys at each client count
-# given (default 20 50 100), 5 seeds, one run at a time under nice -n 15 with one thread. Per cell
-# two runs: Local + FLIC under the official schedule, and HetFedRep (docs/flic.md, "HetFedRep,
-# FLIC-Class"); writes OUTDIR/{official-schedule,hetfedrep}-TOY-N/ and a .log beside each.
+# The Fig. 4-style curve (issue 31 item 4, re-run for issue 43): the flic-paper preset on both toys at
+# each client count given (default 20 50 100), 5 seeds, one run at a time under nice -n 15 with one
+# thread. Per cell two runs: Local + FLIC at the preset (the official schedule, subsampling and last
+# round are the preset's own since issue 43), and HetFedRep (docs/flic.md: FLIC without its alignment,
+# W2 and anchor-sample terms, the representation trained from round 0); writes
+# OUTDIR/{preset,hetfedrep}-TOY-N/ and a .log beside each.
 # The dataset strings are the preset's with only the client count changed: 2,000 training rows per
-# class shared among the 3N/20 clients that hold it (40000/N per client); test rows likewise
-# (2,000 per class on linear-mapping, 1,000 on noisy-features).
+# class shared among the 3N/20 clients that hold it (40000/N per client, before the subsampling);
+# test rows likewise (2,000 per class on linear-mapping, 1,000 on noisy-features).
 # usage: studies/flic-schedule/fig4.sh OUTDIR [N ...]; FEDSIM names the command (default: fedsim);
 # run from the repository root.
 set -e
@@ -19,11 +21,11 @@ done
 mkdir -p "$out"
 for n in "${counts[@]}"; do
   for toy in linear-mapping noisy-features; do
-    if [ "$toy" = linear-mapping ]; then ds="$LM&n_spaces=$n&n_train=$((40000 / n))&n_test=$((40000 / n))"
-    else ds="$NF&n_spaces=$n&n_train=$((40000 / n))&n_test=$((20000 / n))"; fi
-    for run in official-schedule hetfedrep; do
-      if [ "$run" = official-schedule ]; then extra=(--set flic.schedule=personal-first --set flic.rep_start_round=21)
-      else extra=(--algorithms flic --set flic.schedule=personal-first --set flic.lam=0 --set flic.anchor_ce=0 --set flic.align_epochs=0); fi
+    if [ "$toy" = linear-mapping ]; then ds="$LM&n_spaces=$n&n_train=$((40000 / n))&n_test=$((40000 / n))&subsample=1"
+    else ds="$NF&n_spaces=$n&n_train=$((40000 / n))&n_test=$((20000 / n))&subsample=1"; fi
+    for run in preset hetfedrep; do
+      if [ "$run" = preset ]; then extra=()
+      else extra=(--algorithms flic --set flic.rep_start_round=0 --set flic.lam=0 --set flic.anchor_ce=0 --set flic.align_epochs=0); fi
       OMP_NUM_THREADS=1 nice -n 15 ${FEDSIM:-fedsim} run --preset flic-paper --dataset "$ds" --clients "$n" --seeds 5 \
           "${extra[@]}" --threads 1 --quiet --out "$out/$run-$toy-$n" > "$out/$run-$toy-$n.log" 2>&1
       echo "$run $toy $n done $(date -u +%T)"

@@ -204,16 +204,20 @@ def test_flic_paper_preset_values_and_a_tiny_run(tmp_path):
     c = _config_of(["--preset", "flic-paper"]).validate()
     assert (c.rounds, c.client_fraction, c.local_epochs, c.lr, c.n_clients) == (50, 0.1, 10, 0.001, 20)
     params = {m.algorithm: m.algorithm_params for m in c.methods}
-    assert set(params) == {"local", "flic"} and params["local"] == {"optimizer": "adam"}
-    assert {k: params["flic"][k] for k in ("optimizer", "anchor_cov", "anchor_var")} == \
-        {"optimizer": "adam", "anchor_cov": "fixed", "anchor_var": 1.0}
-    assert "n_classes=20&classes_per_client=3" in c.dataset
+    assert set(params) == {"local", "flic"} and params["local"] == {"optimizer": "adam", "final_epochs": 10}
+    # where the paper's text is silent, the authors' code: its schedule and its last round (issue 43)
+    assert {k: params["flic"][k] for k in ("optimizer", "anchor_cov", "anchor_var", "schedule", "rep_epochs",
+                                           "rep_start_round", "final_epochs")} == \
+        {"optimizer": "adam", "anchor_cov": "fixed", "anchor_var": 1.0, "schedule": "personal-first", "rep_epochs": 1,
+         "rep_start_round": 21, "final_epochs": 10}
+    assert "n_classes=20&classes_per_client=3" in c.dataset and c.dataset.endswith("&subsample=1")
     out = tmp_path / "run"
     assert main(["run", "--preset", "flic-paper", "--rounds", "2", "--epochs", "1", "--out", str(out),
                  "--quiet"]) == 0
     res = json.loads((out / "results.json").read_text())
     assert set(res["methods"]) == {"Local", "FLIC"}
-    assert all(len(m["seeds"]["0"]["accuracy"]) == 2 for m in res["methods"].values())
+    # 2 rounds + the final round in which every client trains
+    assert all(len(m["seeds"]["0"]["accuracy"]) == 3 for m in res["methods"].values())
 
 
 def test_flags_override_config_file_over_preset(tmp_path):

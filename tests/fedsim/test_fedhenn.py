@@ -110,7 +110,8 @@ def test_cli_preset_run_table_and_refusal(tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     assert set(res["methods"]) == {"Local", "FedHeNN"}
     spec = {m["name"]: m for m in res["config"]["methods"]}["FedHeNN"]
-    assert spec["algorithm_params"] == {"optimizer": "adam", "eta": 0.1}  # the preset's Adam, the official eta
+    # the preset's Adam, the official eta and the official last round
+    assert spec["algorithm_params"] == {"optimizer": "adam", "eta": 0.1, "final_epochs": 10}
     assert control_of(spec, res["config"]["methods"]) == "Local"
     assert main(["run", "--preset", "flic-paper", "--algorithms", "local,fedhenn", "--set", "fedhenn.eta=-1",
                  "--out", str(tmp_path / "bad"), "--quiet"]) != 0

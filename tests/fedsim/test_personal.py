@@ -584,3 +584,76 @@ def test_refusals_name_every_registered_personalised_algorithm(tmp_path):
     with pytest.raises(ConfigError) as err:
         run(_cfg(rounds=1, feature_shift=1.0), tmp_path / "x", progress=False)
     assert all(n in str(err.value) for n in names), str(err.value)
+
+
+def test_final_round_trains_every_client_on_what_it_does_not_share(monkeypatch, tmp_path):
+    """final_epochs > 0 (the FLIC authors' last round): after the regular rounds one more in which
+    every client trains its own parts for final_epochs epochs; nothing shared moves and nothing is
+    averaged or counted; its history entry is marked final, final_accuracy reads it, last5_mean
+    the regular rounds; a run resumed after it refuses more rounds, one resumed before it runs it."""
+    import fedsim.personal as personal
+    from fedsim._checkpoint import CheckpointError
+    calls, orig = [], personal.local_train
+
+    def recording(algo, ctx, **kw):
+        calls.append((ctx.round, ctx.cid, tuple(m for m in ("embed", "body", "head")
+                                                if all(p.requires_grad for p in getattr(ctx.model, m).parameters())),
+                      kw["epochs"]))
+        return orig(algo, ctx, **kw)
+
+    monkeypatch.setattr(personal, "local_train", recording)
+    ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
+    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": "personal-first", "final_epochs": 2})
+    cfg = _cfg(rounds=2, local_epochs=3, client_fraction=0.34)
+    metrics, _ = run_personal_method(cfg, spec, 0, ds, tmp_path / "a", progress=False)
+    final = [c for c in calls if c[0] == 2]
+    assert sorted(c[1] for c in final) == list(range(6)) and {c[2:] for c in final} == {(("embed", "head"), 2)}
+    assert len({c[1] for c in calls if c[0] < 2}) < 6  # the regular rounds sample 2 of 6
+    state = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    hist = state["history"]
+    assert len(hist) == 3 and hist[-1]["final"] and not any(h.get("final") for h in hist[:2])
+    assert hist[-1]["bytes_up"] == hist[-1]["bytes_down"] == 0
+    assert metrics["final_accuracy"] == hist[-1]["accuracy"] and len(metrics["accuracy"]) == 3
+    assert metrics["last5_mean"] == pytest.approx(sum(h["accuracy"] for h in hist[:2]) / 2)
+    # interrupted before the final round: the resume runs it and equals the straight run
+    real_round = personal.PersonalFederation.round
+
+    def interrupted(self, r, selected):
+        if r == cfg.rounds:
+            raise KeyboardInterrupt
+        return real_round(self, r, selected)
+
+    monkeypatch.setattr(personal.PersonalFederation, "round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_personal_method(cfg, spec, 0, ds, tmp_path / "b", progress=False)
+    assert len(torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)["history"]) == 2
+    monkeypatch.setattr(personal.PersonalFederation, "round", real_round)
+    resumed, _ = run_personal_method(cfg, spec, 0, ds, tmp_path / "b", progress=False)
+    assert resumed == metrics
+    with pytest.raises(CheckpointError, match="final round"):
+        run_personal_method(_cfg(rounds=4, local_epochs=3, client_fraction=0.34), spec, 0, ds, tmp_path / "a",
+                            progress=False)
+    with pytest.raises(ValueError, match="final_epochs must be an integer >= 0"):
+        build_algorithm("local", final_epochs=-1)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("schedule", ["fedrep", "personal-first"])
+def test_one_optimizer_per_round_equals_one_per_phase(monkeypatch, tmp_path, optimizer, schedule):
+    """personal._train keeps one optimizer across a round's phases (as the FLIC authors' client
+    does); the phases train disjoint modules, so a fresh optimizer per phase gives the same weights
+    bit for bit (issue 43: the 'fresh Adam per phase' difference makes none)."""
+    import fedsim.personal as personal
+    ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
+    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": schedule, "optimizer": optimizer,
+                                                        "anchor_ce": 0.5})
+    cfg = _cfg(rounds=2, local_epochs=3, weight_decay=1e-3)
+    one, _ = run_personal_method(cfg, spec, 0, ds, tmp_path / "one", progress=False)
+    orig = personal.local_train
+    monkeypatch.setattr(personal, "local_train",
+                        lambda algo, ctx, **kw: orig(algo, ctx, **{**kw, "optimizer": algo.hp["optimizer"]}))
+    fresh, _ = run_personal_method(cfg, spec, 0, ds, tmp_path / "fresh", progress=False)
+    assert one == fresh
+    a, b = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=True) for d in ("one", "fresh"))
+    for pa, pb in zip(a["personal"], b["personal"]):
+        assert all(torch.equal(pa[k], pb[k]) for k in pa)
