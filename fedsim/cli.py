@@ -181,8 +181,10 @@ def _run(args) -> int:
     timings = json.loads((out / "timings.json").read_text())
     print(results["dataset"])
     c = results["config"]
-    print(f"{partition_text(c)}{c['n_clients']} clients, {c['rounds']} rounds, "
-          f"{c['seeds']} seed(s) from {c['seed']}, model {c['model']}"
+    final = sorted(m["name"] for m in c["methods"] if m.get("algorithm_params", {}).get("final_epochs"))
+    print(f"{partition_text(c)}{c['n_clients']} clients, {c['rounds']} rounds"
+          + (f" + a final round of every client ({', '.join(final)})" if final else "")
+          + f", {c['seeds']} seed(s) from {c['seed']}, model {c['model']}"
           + (f", validation {c['val_fraction']:g} of each client's training rows" if c.get("val_fraction") else ""))
     print(format_table(results, timings))
     print(f"wrote {out}/results.json, results.csv, timings.json, table.txt, accuracy.png, partition.png, "
