@@ -2,7 +2,10 @@
 config files (a plug-in's own defaults are merged by _specs.merge_params)."""
 from __future__ import annotations
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
+    import tomli as tomllib
 
 from ._validate_config import ALGORITHM_PARAMS, _augmenter_params, _params
 from .algorithms import ALGORITHMS

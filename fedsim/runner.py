@@ -17,9 +17,12 @@ import json
 import math
 import sys
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
+    import tomli as tomllib
 
 import numpy as np
 import torch

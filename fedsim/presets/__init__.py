@@ -37,6 +37,9 @@ def describe(name: str) -> str:
 
 
 def load(name: str) -> dict:
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     return tomllib.loads(text(name))
