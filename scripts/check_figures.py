@@ -209,17 +209,23 @@ def _check_one(text, at, entry, template, manifest, cache, where, line, label):
     return []
 
 
+def _figures(template: str) -> int:
+    """The figures a template quotes: its fields (a table row's key binds several)."""
+    return max(1, len(FIELD.findall(template)))
+
+
 def check_text(text: str, manifest: dict, where: str = "",
                bindings: dict[str, tuple[str, str]] | None = None,
                sidecar: str = "the sidecar") -> tuple[int, list[str]]:
-    """(figures checked, one message per figure whose text differs from its file, per key with no
-    binding, and per binding the text does not use). `bindings` is the page's sidecar (key ->
-    (entry, template)); None: the page has none, and a key in it is an error."""
+    """(figures checked (template fields), one message per key or marker whose text differs from its
+    file, per key with no binding, and per binding the text does not use). `bindings` is the
+    page's sidecar (key -> (entry, template)); None: the page has none, and a key in it is an
+    error."""
     cache: dict = {}
     errors, n, used = [], 0, set()
     prose = CODE.sub(lambda m: re.sub(r"[^\n]", " ", m[0]), text)
     for m in MARKER.finditer(prose):
-        n += 1
+        n += _figures(m["template"])
         line = text.count("\n", 0, m.start()) + 1
         errors += _check_one(text, m.start(), m["entry"], m["template"], manifest, cache, where,
                              line, "")
@@ -230,6 +236,7 @@ def check_text(text: str, manifest: dict, where: str = "",
         if bindings is None or key not in bindings:
             errors.append(f"{where}:{line}: key {key!r} has no binding in {sidecar}")
             continue
+        n += _figures(bindings[key][1]) - 1
         used.add(key)
         errors += _check_one(text, m.start(), *bindings[key], manifest, cache, where, line,
                              f"{key}: ")
