@@ -20,4 +20,4 @@ test-random: setup
 
 bench: setup
 	.venv/bin/python -m pytest benchmarks/ --benchmark-only -q
-	.venv/bin/python benchmarks/fidelity.py --size full --out .benchmarks/fidelity-full-cpu.json
+	.venv/bin/python scripts/fidelity.py --size full --out .benchmarks/fidelity-full-cpu.json

@@ -1,4 +1,12 @@
-"""Input checks at the public boundary. Each error names the argument and says how to fix it."""
+"""Input checks at the public boundary. Each error names the argument and says how to fix it.
+
+Every op with a registered operator (``torch.ops.geomkern.*``, geomkern/_library.py) has one
+argument check in its family module (``geomkern/ops/<family>.py``, the function handed to
+``_library.op`` as ``check``): it reads no tensor values (types, names, counts and their bounds,
+ranks, dtypes, emptiness, devices, shapes), so it runs in the public function, in the operator and
+in the operator's fake implementation alike; the operator's body then makes the checks that read
+values (NaN/Inf and magnitude: :func:`finite`; offsets' contents). One call, one check: see
+``_library.Op``."""
 from __future__ import annotations
 
 import math
@@ -15,6 +23,17 @@ def tensor(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = Fals
            allow_empty: bool = False, finite: bool = True, differentiable: bool = False) -> torch.Tensor:
     """A floating tensor of the given rank(s), finite, made contiguous. Tensors that require grad
     are refused unless the op is ``differentiable`` (then the checks read ``t.detach()``)."""
+    tensor_meta(name, t, ndim=ndim, allow_half=allow_half, allow_empty=allow_empty,
+                differentiable=differentiable)
+    if finite and t.numel():
+        _finite_and_in_range(name, t.detach())
+    return t.contiguous()
+
+
+def tensor_meta(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = False,
+                allow_empty: bool = False, differentiable: bool = False) -> torch.Tensor:
+    """What :func:`tensor` checks without reading values (so also of a fake tensor): a floating
+    tensor of the given rank(s), non-empty unless ``allow_empty``. Returns ``t`` as it is."""
     tensor_arg(name, t, differentiable=differentiable)
     ranks = (ndim,) if isinstance(ndim, int) else ndim
     if t.dim() not in ranks:
@@ -27,7 +46,13 @@ def tensor(name: str, t, *, ndim: int | tuple[int, ...], allow_half: bool = Fals
                         f"{names} (convert with {name}.float() or {name}.double())")
     if not allow_empty and t.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); it needs at least one row")
-    if finite and t.numel():
+    return t
+
+
+def finite(name: str, t: torch.Tensor) -> torch.Tensor:
+    """The value half of :func:`tensor`, for a tensor :func:`tensor_meta` has passed: finite and
+    in range, made contiguous."""
+    if t.numel():
         _finite_and_in_range(name, t.detach())
     return t.contiguous()
 
@@ -110,17 +135,36 @@ def gamma(g) -> float:
     return g
 
 
-def positive_int(name: str, v, *, minimum: int = 1) -> int:
+# the largest integer a registered operator's ``int`` argument holds (int64)
+INT64_MAX = 2 ** 63 - 1
+
+
+def positive_int(name: str, v, *, minimum: int = 1, maximum: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(v).__name__}")
     v = int(v)
     if v < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {v}")
     return v
 
 
-def offsets(off, n_rows: int, *, device: torch.device, allow_empty_segments: bool) -> torch.Tensor:
-    """CSR segment boundaries: int64 (m+1,), off[0] = 0, off[-1] = n_rows, non-decreasing."""
+# The most multiply-adds one call may ask for: 2^63 - 1 (so every count the work is made of also
+# fits an operator's int64), over ten hours at an H200's peak TF32 rate (~5e14 multiply-adds/s)
+# and years on a CPU. More is a count typed with a few zeros too many, not a job.
+MAX_WORK = INT64_MAX
+
+
+def work(what: str, multiply_adds: int, fix: str) -> None:
+    """Refuse a call whose counts (steps, iters, n_init, ...) times its sizes exceed MAX_WORK."""
+    if multiply_adds > MAX_WORK:
+        raise ValueError(f"{what} would take about {multiply_adds:.3g} multiply-adds, more than "
+                         f"{MAX_WORK:.3g} (2^63 - 1: over ten hours on the fastest GPU); {fix}")
+
+
+def offsets_meta(off) -> torch.Tensor:
+    """What :func:`offsets` checks without reading values: an int64 tensor of shape (m+1,), m >= 1."""
     if not isinstance(off, torch.Tensor):
         raise TypeError(f"offsets must be an int64 torch.Tensor of segment boundaries, got "
                         f"{type(off).__name__}; e.g. torch.tensor([0, n1, n1 + n2])")
@@ -128,6 +172,12 @@ def offsets(off, n_rows: int, *, device: torch.device, allow_empty_segments: boo
         raise TypeError(f"offsets must have dtype int64, got {off.dtype}; use offsets.long()")
     if off.dim() != 1 or off.numel() < 2:
         raise ValueError(f"offsets must be 1-D with m+1 >= 2 entries, got shape {tuple(off.shape)}")
+    return off
+
+
+def offsets(off, n_rows: int, *, device: torch.device, allow_empty_segments: bool) -> torch.Tensor:
+    """CSR segment boundaries: int64 (m+1,), off[0] = 0, off[-1] = n_rows, non-decreasing."""
+    offsets_meta(off)
     o = off.cpu()
     if int(o[0]) != 0:
         raise ValueError(f"offsets[0] must be 0, got {int(o[0])}")

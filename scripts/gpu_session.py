@@ -13,10 +13,10 @@ A lent machine is bare, offline, and held for minutes; this driver is the one pr
              timed beside the model's two predictions (the committed compile report for the
              machine's triton: no recompiling), with each case's error against float64
   schemes    the tf32x3 schemes as bare 4096^2 x 512 GEMMs, beside cuBLAS (float32, TF32), and
-             the offset-cloud accuracy of rbf_gram (benchmarks/tf32x3_schemes.py)
+             the offset-cloud accuracy of rbf_gram (scripts/tf32x3_schemes.py)
   gpu_tests  the GPU-marked tests of the Triton kernels and the reference ops on CUDA tensors,
              one pytest over pytest-xdist workers (kernel compiles side by side)
-  findings   benchmarks/gpu_findings.py: the tf32 Gram, kpca eigenvalue and eigh-cost checks
+  findings   scripts/gpu_findings.py: the tf32 Gram, kpca eigenvalue and eigh-cost checks
              behind session 9's fixes (docs/history.md section 21), re-measured, and kpca's
              dense and Krylov solvers timed on CUDA (its auto rule was measured on CPU)
   native     (after the build) the CUDA C++ kernels' GPU tests
@@ -81,7 +81,7 @@ T0 = time.monotonic()
 # (3.6.0, rehearsed here in a scratch environment), else the committed default one.
 MODELS = [ROOT / "results" / "sm90-compile" / "sm90-compile-triton3.6.json",
           ROOT / "results" / "sm90-compile" / "sm90-compile.json"]
-# Headline cases (substrings of benchmarks/sm90_report.py case names), most valuable first.
+# Headline cases (substrings of scripts/sm90_report.py case names), most valuable first.
 HEADLINE = ["gram 4096^2", "gram cross", "preimage gd 50000 x S512 x D512", "projection",
             "rbf_matmul 20000 x 20000 x D512", "rbf_matmul 20000 x 20000 x D64", "segmented",
             "kmeans assign 10 x 5000 x D512, k64"]
@@ -282,7 +282,7 @@ def main() -> int:
     log(f"build: started in the background ({benv})")
 
     model = next((m for m in MODELS if m.exists()), None)
-    report = [PY, "benchmarks/sm90_report.py", "--jsonl", str(JSONL), "--tf32x3", "all"]
+    report = [PY, "scripts/sm90_report.py", "--jsonl", str(JSONL), "--tf32x3", "all"]
     if DRY:
         headline = report + ["--no-cuda", "--precisions", "default", "--cases", ";".join(DRY_CASES)]
     else:
@@ -291,7 +291,7 @@ def main() -> int:
     # 3. headline timing beside the model (or its compile-only stand-in)
     step("headline", headline, 110 if not DRY else 240, reserve_s=150)
     # 4. the tf32x3 schemes as bare GEMMs + offset-cloud accuracy
-    schemes = [PY, "benchmarks/tf32x3_schemes.py", "--jsonl", str(JSONL)] + (["--dry"] if DRY else [])
+    schemes = [PY, "scripts/tf32x3_schemes.py", "--jsonl", str(JSONL)] + (["--dry"] if DRY else [])
     step("schemes", schemes, 45 if not DRY else 120, reserve_s=120)
     # 5. GPU correctness: each test's outcome goes to the JSONL as it finishes (pytest_cmd); the
     # junit files stay out of $OUT, which brings back at most 8 files (their summaries go to the
@@ -317,14 +317,14 @@ def main() -> int:
          reserve_s=60, extra=lambda: junit_summary(xml))
 
     # 5b. the numerical findings of session 9 re-measured (tf32 Gram against its rounded-operand
-    # model, the kpca eigenvalue error split, float64 eigh's cost; benchmarks/gpu_findings.py),
+    # model, the kpca eigenvalue error split, float64 eigh's cost; scripts/gpu_findings.py),
     # and kpca's solvers on CUDA
     def findings(name: str, only: str, limit_s: float, reserve_s: float, needs: str) -> None:
         if DRY:
             emit({"step": name, "kind": "step", "status": "skipped",
-                  "why": f"needs {needs} (benchmarks/gpu_findings.py --only {only} measures on CUDA only)"})
+                  "why": f"needs {needs} (scripts/gpu_findings.py --only {only} measures on CUDA only)"})
         else:
-            step(name, [PY, "benchmarks/gpu_findings.py", "--jsonl", str(JSONL), "--only", only],
+            step(name, [PY, "scripts/gpu_findings.py", "--jsonl", str(JSONL), "--only", only],
                  limit_s, reserve_s=reserve_s)
 
     findings("findings", "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost,kpca_solver", 75, 60, "a GPU")

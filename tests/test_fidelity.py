@@ -1,4 +1,4 @@
-"""The manifold-fidelity benchmark at small size (benchmarks/fidelity.py runs the full one).
+"""The manifold-fidelity benchmark at small size (scripts/fidelity.py runs the full one).
 
 Goal from the FedMC claim: FedMC's default keeps samples closer to the data manifold than GGEUR
 at matched mean displacement — its off-manifold ratio at most 0.7x GGEUR's."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "fidelity", Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity.py")
+    "fidelity", Path(__file__).resolve().parents[1] / "scripts" / "fidelity.py")
 fidelity = importlib.util.module_from_spec(_spec)
 sys.modules["fidelity"] = fidelity  # its dataclasses look their module up there
 _spec.loader.exec_module(fidelity)

@@ -121,8 +121,8 @@ def test_plugin_records_failures_with_their_message(tmp_path):
     assert recs["test_skip"]["message"].endswith("not here") and recs["test_ok"]["step"] == "sample"
 
 
-@pytest.mark.parametrize("script", ["benchmarks/gpu_findings.py", "benchmarks/tf32x3_schemes.py",
-                                    "benchmarks/sm90_report.py"])
+@pytest.mark.parametrize("script", ["scripts/gpu_findings.py", "scripts/tf32x3_schemes.py",
+                                    "scripts/sm90_report.py"])
 def test_gpu_scripts_imports_resolve(script):
     """The GPU-only scripts import some names inside their functions (they run on CUDA only, so
     the dry run never calls them): every such name must still exist. GPU session 11 lost the kpca
@@ -191,7 +191,7 @@ def test_steps_are_chosen_by_name_or_family(only, chosen):
 def test_findings_refuses_an_unknown_finding(tmp_path):
     """gpu_findings.py --only names what it runs (the session runs eigh_crossover after the build);
     a misspelt name is refused before anything runs, with the valid names."""
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_findings.py"), "--jsonl",
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_findings.py"), "--jsonl",
                           str(tmp_path / "f.jsonl"), "--only", "eigh_crosover"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "eigh_crosover" in res.stderr and "eigh_crossover" in res.stderr, res.stderr
@@ -202,7 +202,7 @@ def test_eigh_crossover_records(tmp_path):
     """The eigh crossover finding's records, run on CPU (native's eigh is the reference there, so
     the speedups mean nothing; the grid, the deadline and the equal-result check are what runs)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("gpu_findings", ROOT / "benchmarks" / "gpu_findings.py")
+    spec = importlib.util.spec_from_file_location("gpu_findings", ROOT / "scripts" / "gpu_findings.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     recs = []
@@ -219,7 +219,7 @@ def test_kpca_solver_records():
     """The kpca solver finding's records, run on CPU on small clusters (the times mean nothing
     here; every solver's eigenvalues must agree with the dense solve's)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("gpu_findings", ROOT / "benchmarks" / "gpu_findings.py")
+    spec = importlib.util.spec_from_file_location("gpu_findings", ROOT / "scripts" / "gpu_findings.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     recs = []

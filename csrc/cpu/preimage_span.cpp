@@ -1,5 +1,5 @@
-// The pre-image loops of csrc/cpu/preimage.cpp iterated in span(z0, B) (benchmarks/NOTES.md §8,
-// §13): every gd step moves z by a combination of z and the basis rows, so
+// The pre-image loops of csrc/cpu/preimage.cpp iterated in span(z0, B) (docs/history.md §8,
+// §15): every gd step moves z by a combination of z and the basis rows, so
 //   z_t = a_t z0 + sum_s C_t[s] b_s      (a scalar a_t and S coefficients C_t per point),
 // and with P = <z0, b_s> and G = B B^T made once per call
 //   <z, b_s> = a P_s + (G C)_s,   |z|^2 = a^2 |z0|^2 + 2 a <C, P> + <C, G C>.

@@ -61,7 +61,7 @@ cudaError_t eigh(const T* A, T* eigenvalues, T* eigenvectors, int* info, int64_t
 // in shared memory, B streamed through shared memory in (4096 / P) x P tiles, both products
 // register-blocked 4 x 4 per thread with 16-byte shared loads (1 LDS.128 per 8 FFMA). Tested
 // under host emulation (tests/geomkern/test_cuda_emulated.py; tests/geomkern/test_cuda_native.py is the on-GPU
-// check); its speed has not been measured yet (a model: benchmarks/NOTES.md section 12).
+// check); its speed has not been measured yet (a model: docs/history.md §12).
 
 // Points per block preimage_gd would use for this S, D on the current device; 0 when even 8
 // points do not fit (8 (S + D) + S elements plus a 512 x 8 tile of B must fit in the opt-in

@@ -14,7 +14,7 @@ from .containers import GeometryDictionary
 
 FORMULATIONS = ("consistent", "hybrid", "paper")
 PREIMAGE_METHODS = ("coordinates", "gd", "fixed_point")
-# Chosen by benchmarks/fidelity.py (README: manifold fidelity): the pre-image method whose samples
+# Chosen by scripts/fidelity.py (README: manifold fidelity): the pre-image method whose samples
 # stayed closest to the manifold at matched displacement.
 DEFAULT_METHOD = "fixed_point"
 # rho of (G + rho I)^-1, relative to G's unit diagonal: the coefficient maps and the fixed-point solve
@@ -183,7 +183,7 @@ def calibrate(X: torch.Tensor, dictionary, B: torch.Tensor | None = None, *,
     T = sum_i (p_i + dp_i) beta_i G with p_i = beta_i . k(x, B) (see :func:`targets`).
     formulation="hybrid": the paper's perturbation added to x's own kernel values,
     T = k(x, B) + sum_i dp_i beta_i G. Both are solved by "gd" (Eq. 14) or "fixed_point".
-    method defaults to DEFAULT_METHOD, the one that measured best in benchmarks/fidelity.py.
+    method defaults to DEFAULT_METHOD, the one that measured best in scripts/fidelity.py.
     ``scale`` multiplies the perturbation standard deviation. ``anchored=True`` (default) returns
     x + z(T) - z(T0) instead of z(T), with T0 the unperturbed target solved from the same start,
     wherever z(T0) != x: the fixed-point iteration (it lands in the span of B: on MiniLM

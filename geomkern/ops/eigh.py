@@ -46,7 +46,7 @@ def full_eigh(A: torch.Tensor):
     """torch.linalg.eigh (ascending) as geomkern's solves call it: on one thread on CPU
     (:func:`thread_independent`), and float32 on CUDA solved in float64 and rounded back. torch's
     float32 CUDA eigh (cuSOLVER) was ~100x less accurate than LAPACK's on an H100 (GPU session
-    9, benchmarks/gpu_findings.py): the top eigenvalue of a 70 x 70 centred RBF Gram 1.5-1.9e-5
+    9, scripts/gpu_findings.py): the top eigenvalue of a 70 x 70 centred RBF Gram 1.5-1.9e-5
     off the float64 one, against 1-5e-7 from the CPU's float32 solve of the same matrix."""
     if A.is_cuda and A.dtype == torch.float32:
         vals, vecs = torch.linalg.eigh(A.double())

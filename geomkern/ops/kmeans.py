@@ -157,6 +157,31 @@ def init_seed(seed: int, i: int) -> int:
     return (seed + i * 0x9E3779B97F4A7C15) % (1 << 63)
 
 
+def _kmeans_check(X, k, offsets, iters, seed, n_init, precision):
+    """kmeans's arguments, every check that reads no values (the function, the operator and its
+    fake run it); returns them normalised. The counts are bounded by the work they ask for
+    (_validate.work) and by what an int64 holds (the seed)."""
+    X = _validate.tensor_arg("X", X)
+    if offsets is not None:
+        _validate.offsets_meta(offsets)
+    k = _validate.positive_int("k", k)
+    iters = _validate.positive_int("iters", iters, minimum=0)
+    seed = _validate.positive_int("seed", seed, minimum=0, maximum=_validate.INT64_MAX)
+    n_init = _validate.positive_int("n_init", n_init)
+    precision = _validate.precision(precision)
+    X = _validate.tensor_meta("X", X, ndim=2)
+    if offsets is None and X.shape[0] < k:
+        _too_few_points(k, "X has", X.shape[0])
+    # each start: k-means++ (k passes over the rows) and up to iters Lloyd passes, N k D each
+    _validate.work(f"kmeans with k={k}, iters={iters}, n_init={n_init} on X {tuple(X.shape)}",
+                   n_init * (iters + 1) * X.shape[0] * k * X.shape[1], "lower iters or n_init")
+    return X, k, offsets, iters, seed, n_init, precision
+
+
+def _too_few_points(k: int, where: str, n: int):
+    raise ValueError(f"k={k} is larger than the number of points ({where} {n}); lower k")
+
+
 def _kmeans_fake(X, k, offsets, iters, seed, n_init, precision):
     m = 1 if offsets is None else offsets.shape[0] - 1
     return (X.new_empty(X.shape[0], dtype=torch.int64), X.new_empty(m, k, X.shape[1]),
@@ -164,20 +189,17 @@ def _kmeans_fake(X, k, offsets, iters, seed, n_init, precision):
 
 
 @_library.op("kmeans", "(Tensor X, int k, Tensor? offsets, int iters, int seed, int n_init, str precision)"
-             " -> (Tensor, Tensor, Tensor, Tensor)", _kmeans_fake)
+             " -> (Tensor, Tensor, Tensor, Tensor)", check=_kmeans_check, fake=_kmeans_fake)
 def _kmeans_op(X, k, offsets, iters, seed, n_init, precision):
-    X = _validate.tensor("X", X, ndim=2)
-    batched = offsets is not None
-    if batched:
+    X = _validate.finite("X", X)
+    if offsets is not None:
         offsets = _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)
+        sizes = (offsets[1:] - offsets[:-1]).cpu()
+        if int(sizes.min()) < k:
+            j = int(sizes.argmin())
+            _too_few_points(k, f"segment {j} has", int(sizes[j]))
     else:
         offsets = torch.tensor([0, X.shape[0]], dtype=torch.int64, device=X.device)
-    sizes = (offsets[1:] - offsets[:-1]).cpu()
-    if int(sizes.min()) < k:
-        j = int(sizes.argmin())
-        where = f"segment {j} has" if batched else "X has"
-        raise ValueError(f"k={k} is larger than the number of points ({where} {int(sizes[j])}); "
-                         "lower k")
     impl = _dispatch.implementation("kmeans", X.device.type)
     labels, centers, inertia, n_iter = impl(X, offsets, k, iters, init_seed(seed, 0), precision=precision)
     for i in range(1, n_init):
@@ -210,13 +232,7 @@ def kmeans(X: torch.Tensor, k: int, *, offsets: torch.Tensor | None = None, iter
     (the native CPU kernel has its own generator). A torch custom operator
     (``torch.ops.geomkern.kmeans``): traces under torch.compile.
     """
-    X = _validate.tensor_arg("X", X)
-    if offsets is not None and not isinstance(offsets, torch.Tensor):
-        _validate.offsets(offsets, X.shape[0], device=X.device, allow_empty_segments=False)  # says how
-    labels, centers, inertia, n_iter = _kmeans_op(
-        X, _validate.positive_int("k", k), offsets, _validate.positive_int("iters", iters, minimum=0),
-        _validate.positive_int("seed", seed, minimum=0), _validate.positive_int("n_init", n_init),
-        _validate.precision(precision))
+    labels, centers, inertia, n_iter = _kmeans_op(X, k, offsets, iters, seed, n_init, precision)
     if offsets is not None:
         return KMeansResult(labels, centers, inertia, n_iter)
     return KMeansResult(labels, centers[0], inertia[0], n_iter[0])

@@ -20,7 +20,7 @@ from .rbf import _sqdist, double_center, gram_reference, sym_gram_into, thread_i
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
 # auto: dense for size buckets below DENSE_BELOW_BLOCKS blocks of the Krylov solver, subspace
 # above, matrix-free for buckets whose stored Grams would exceed GRAM_BUDGET_BYTES.
-# Crossover measured on the 2-core CPU (benchmarks/NOTES.md, kpca entry), batches of ~2,400
+# Crossover measured on the 2-core CPU (docs/history.md §6), batches of ~2,400
 # points, D = 512: d = 8 (block k = 16) dense 1.7x faster at n = 200, even at 300, 1.35x
 # slower at 400; d = 2 (k = 10) dense 1.2x faster at n = 100, 1.2x slower at 150. Dense below 16 k.
 DENSE_BELOW_BLOCKS = 16
@@ -83,7 +83,7 @@ def dense_top(Kc: torch.Tensor, d: int):
 
     (LAPACK ?syevx for the top d only measured 1.5-2.9x faster than torch's full eigh in
     isolation at n = 175-300, but slower inside kpca: scipy's OpenBLAS threads and torch's
-    OpenMP threads contend, see benchmarks/NOTES.md. So: torch.)"""
+    OpenMP threads contend, see docs/history.md §6. So: torch.)"""
     mu, U = full_eigh(Kc)  # ascending
     return mu.flip(-1)[:, :d], U.flip(-1)[:, :, :d]
 
@@ -385,18 +385,69 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor | None = None, *, n_components: 
 
 
 def _check_fit(fit, X: torch.Tensor, gamma: float) -> None:
+    """A fit to use with X under gamma: :func:`_fit_meta`, then the fingerprint of X."""
+    _fit_meta(fit, X, gamma)
+    _fit_values(fit, X)
+
+
+def _fit_meta(fit, X: torch.Tensor, gamma: float) -> None:
+    """What can be checked of a fit without reading values: its type, its tensors' shapes against
+    each other and X's, device and dtype, and the fitted gamma."""
     if not isinstance(fit, KPCAFit):
         raise TypeError(f"fit must be the KPCAFit returned by gk.kpca, got {type(fit).__name__}")
     if fit.alphas.shape[0] != X.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but fit was computed on {fit.alphas.shape[0]}; "
                          "pass the same X that gk.kpca was fitted on")
     _validate.same_device_dtype(X=X, **{"fit.alphas": fit.alphas})
+    m, d = fit.eigenvalues.shape[0], fit.eigenvalues.shape[-1]
+    shapes = {"eigenvalues": (fit.eigenvalues, (m, d)), "alphas": (fit.alphas, (X.shape[0], d)),
+              "mean_projection": (fit.mean_projection, (m, d)), "offsets": (fit.offsets, (m + 1,))}
+    for name, (t, want) in shapes.items():
+        if tuple(t.shape) != want:
+            raise ValueError(f"fit.{name} has shape {tuple(t.shape)}, but a fit of {m} clusters with "
+                             f"{d} components on {X.shape[0]} rows has {want}: pass the KPCAFit of gk.kpca")
+    if fit.offsets.dtype != torch.int64:
+        raise TypeError(f"fit.offsets must have dtype int64, got {fit.offsets.dtype}")
     if fit.gamma is not None and gamma != fit.gamma:
         raise ValueError(f"gamma={gamma} but fit was computed with gamma={fit.gamma}; the dual "
                          "coefficients only describe the components under the fitted kernel")
+
+
+def _fit_values(fit, X: torch.Tensor) -> None:
     if fit.fingerprint is not None and not torch.equal(fingerprint(X), fit.fingerprint.to(X.device)):
         raise ValueError("X differs from the X that gk.kpca was fitted on (same shape, other values or "
                          "row order); pass the fitted X")
+
+
+def _transform_check(Z, X, eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma,
+                     fingerprint, gamma, segment_int, segment):
+    """kpca_transform's arguments, every check that reads no values (the function, the operator and
+    its fake run it); returns them normalised. A fit arrives as its tensors; ``segment`` as an int
+    (``segment_int``) or an int64 tensor (``segment``)."""
+    Z, X = _validate.tensor_arg("Z", Z), _validate.tensor_arg("X", X)
+    gamma = _validate.gamma(gamma)
+    if segment_int is not None and segment is not None:
+        raise ValueError("segment is given twice, as segment_int and as a tensor; pass one")
+    if segment_int is not None and (not isinstance(segment_int, int) or isinstance(segment_int, bool)):
+        raise TypeError(f"segment must be an int or an int64 tensor, got {type(segment_int).__name__}")
+    Z = _validate.tensor_meta("Z", Z, ndim=2, allow_empty=True)
+    X = _validate.tensor_meta("X", X, ndim=2)
+    _validate.same_device_dtype(Z=Z, X=X)
+    _validate.same_dim("Z", Z, "X", X)
+    fit = KPCAFit(eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma, fingerprint)
+    _fit_meta(fit, X, gamma)
+    m = fit.n_clusters
+    if segment is None and segment_int is None and m != 1:
+        raise ValueError(f"segment is required: fit has {m} clusters; pass segment=j (an int, "
+                         f"0 <= j < {m}) or an int64 tensor of cluster ids, one per row of Z")
+    if segment is not None:
+        _validate.tensor_arg("segment", segment)
+        if segment.dtype != torch.int64 or segment.shape != (Z.shape[0],):
+            raise ValueError(f"segment must be an int or an int64 tensor of shape ({Z.shape[0]},)")
+    if segment_int is not None and Z.shape[0] and not 0 <= segment_int < m:
+        raise ValueError(f"segment ids must lie in [0, {m}), got [{segment_int}, {segment_int}]")
+    return (Z, X, eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma, fingerprint, gamma,
+            segment_int, segment)
 
 
 def _transform_fake(Z, X, eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma,
@@ -406,32 +457,25 @@ def _transform_fake(Z, X, eigenvalues, variances, alphas, mean_projection, offse
 
 @_library.op("kpca_transform", "(Tensor Z, Tensor X, Tensor eigenvalues, Tensor variances, Tensor alphas, "
              "Tensor mean_projection, Tensor offsets, float? fit_gamma, Tensor? fingerprint, float gamma, "
-             "int? segment_int, Tensor? segment) -> Tensor", _transform_fake)
+             "int? segment_int, Tensor? segment) -> Tensor", check=_transform_check, fake=_transform_fake)
 def _kpca_transform_op(Z, X, eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma,
                        fingerprint, gamma, segment_int, segment):
     fit = KPCAFit(eigenvalues, variances, alphas, mean_projection, offsets, fit_gamma, fingerprint)
-    segment = segment if segment is not None else segment_int
-    Z = _validate.tensor("Z", Z, ndim=2, allow_empty=True)
-    X = _validate.tensor("X", X, ndim=2)
-    _validate.same_device_dtype(Z=Z, X=X)
-    _validate.same_dim("Z", Z, "X", X)
-    g = gamma
-    _check_fit(fit, X, g)
+    Z, X = _validate.finite("Z", Z), _validate.finite("X", X)
+    _fit_values(fit, X)
     m = fit.n_clusters
-    if segment is None:
-        if m != 1:
-            raise ValueError(f"segment is required: fit has {m} clusters; pass segment=j (an int, "
-                             f"0 <= j < {m}) or an int64 tensor of cluster ids, one per row of Z")
-        segment = 0
-    if isinstance(segment, torch.Tensor):
-        if segment.dtype != torch.int64 or segment.shape != (Z.shape[0],):
-            raise ValueError(f"segment must be an int or an int64 tensor of shape ({Z.shape[0]},)")
+    if segment is not None:
         seg = segment.to(Z.device)
-    else:  # an int (the wrapper refused anything else)
-        seg = torch.full((Z.shape[0],), segment, dtype=torch.int64, device=Z.device)
-    if seg.numel() and (int(seg.min()) < 0 or int(seg.max()) >= m):
-        raise ValueError(f"segment ids must lie in [0, {m}), got [{int(seg.min())}, {int(seg.max())}]")
+        if seg.numel() and (int(seg.min()) < 0 or int(seg.max()) >= m):
+            raise ValueError(f"segment ids must lie in [0, {m}), got [{int(seg.min())}, {int(seg.max())}]")
+    else:
+        seg = torch.full((Z.shape[0],), 0 if segment_int is None else segment_int, dtype=torch.int64,
+                         device=Z.device)
     off = fit.offsets.tolist()
+    if off[0] != 0 or off[-1] != X.shape[0] or any(a > b for a, b in zip(off, off[1:])):
+        raise ValueError(f"fit.offsets must run from 0 to the number of rows of X ({X.shape[0]}) without "
+                         f"decreasing, got {off}: pass the KPCAFit of gk.kpca")
+    g = gamma
     out = torch.empty(Z.shape[0], fit.n_components, dtype=Z.dtype, device=Z.device)
     for j in torch.unique(seg).tolist():
         rows = torch.nonzero(seg == j).squeeze(1)
@@ -457,12 +501,10 @@ def kpca_transform(Z: torch.Tensor, X: torch.Tensor, fit: KPCAFit, *, gamma: flo
         raise TypeError(f"fit must be the KPCAFit returned by gk.kpca, got {type(fit).__name__}")
     seg_int = None
     if segment is not None and not isinstance(segment, torch.Tensor):
-        if not isinstance(segment, int) or isinstance(segment, bool):
-            raise TypeError(f"segment must be an int or an int64 tensor, got {type(segment).__name__}")
         seg_int, segment = segment, None
     return _kpca_transform_op(Z, X, fit.eigenvalues, fit.variances, fit.alphas, fit.mean_projection,
                               fit.offsets, None if fit.gamma is None else float(fit.gamma),
-                              fit.fingerprint, _validate.gamma(gamma), seg_int, segment)
+                              fit.fingerprint, gamma, seg_int, segment)
 
 
 def projection_reference(X, alphas, offsets, B, gamma: float, *, precision: str | None = None) -> torch.Tensor:

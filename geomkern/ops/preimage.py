@@ -145,11 +145,12 @@ _dispatch.register("preimage_fixed_point", "reference")(fixed_point_reference)
 _dispatch.register("preimage_coordinates", "reference")(coordinates_reference)
 
 
-def _check_problem(Z0, B, targets, proj, *, coordinates: bool):
-    """Shared boundary checks of :func:`preimage` and :func:`preimage_loss`."""
-    Z0 = _validate.tensor("Z0", Z0, ndim=2)
-    B = _validate.tensor("B", B, ndim=2)
-    targets = _validate.tensor("targets", targets, ndim=2)
+def _problem_meta(Z0, B, targets, proj, *, coordinates: bool):
+    """The checks of a pre-image problem that read no values (shared by :func:`preimage`'s
+    operator, its fake and :func:`preimage_loss`)."""
+    Z0 = _validate.tensor_meta("Z0", Z0, ndim=2)
+    B = _validate.tensor_meta("B", B, ndim=2)
+    targets = _validate.tensor_meta("targets", targets, ndim=2)
     _validate.same_device_dtype(Z0=Z0, B=B, targets=targets)
     _validate.same_dim("Z0", Z0, "B", B)
     b, S = Z0.shape[0], B.shape[0]
@@ -159,7 +160,7 @@ def _check_problem(Z0, B, targets, proj, *, coordinates: bool):
         if proj is None:
             raise ValueError("method='coordinates' needs proj: the (d, S) or (b, d, S) map from "
                              "kernel values k(z, B) to the d coordinates being matched")
-        proj = _validate.tensor("proj", proj, ndim=(2, 3))
+        proj = _validate.tensor_meta("proj", proj, ndim=(2, 3))
         _validate.same_device_dtype(Z0=Z0, proj=proj)
         d = targets.shape[1]
         if proj.shape[-2:] != (d, S) or (proj.dim() == 3 and proj.shape[0] != b):
@@ -169,6 +170,12 @@ def _check_problem(Z0, B, targets, proj, *, coordinates: bool):
         raise ValueError(f"targets must have one column per basis point (S={S}), "
                          f"got shape {tuple(targets.shape)}")
     return Z0, B, targets, proj
+
+
+def _problem_values(Z0, B, targets, proj):
+    """The value half of a pre-image problem's checks: finite, in range, contiguous."""
+    return (_validate.finite("Z0", Z0), _validate.finite("B", B), _validate.finite("targets", targets),
+            None if proj is None else _validate.finite("proj", proj))
 
 
 def _loss(Z, B, targets, gamma: float, proj=None) -> torch.Tensor:
@@ -183,8 +190,53 @@ def _loss(Z, B, targets, gamma: float, proj=None) -> torch.Tensor:
 def preimage_loss(Z, B, targets, *, gamma, proj=None) -> torch.Tensor:
     """Per-point objective (b,): sum_s (k(z, b_s) - T_s)^2, or |A k(z, B) - c|^2 when ``proj``
     (the ``coordinates`` map, (d, S) or (b, d, S)) is given. Shapes as in :func:`preimage`."""
-    Z, B, targets, proj = _check_problem(Z, B, targets, proj, coordinates=proj is not None)
+    Z, B, targets, proj = _problem_meta(Z, B, targets, proj, coordinates=proj is not None)
+    Z, B, targets, proj = _problem_values(Z, B, targets, proj)
     return _loss(Z, B, targets, _validate.gamma(gamma), proj)
+
+
+def _preimage_check(Z0, B, targets, gamma, method, steps, lr_value, lr, proj, ridge, factor, return_loss,
+                    precision):
+    """preimage's arguments, every check that reads no values (the function, the operator and its
+    fake run it); returns them normalised. ``lr`` arrives as ``lr_value`` (a float) or ``lr``
+    (a tensor); ``ridge`` is read by ``fixed_point`` only. ``steps`` is bounded by the work it asks
+    for (_validate.work)."""
+    method = _validate.choice("method", method, METHODS)
+    precision = _validate.precision(precision)
+    if factor is not None and method != "fixed_point":
+        raise ValueError(f"factor is only used by method='fixed_point', not {method!r}")
+    if method != "coordinates" and proj is not None:
+        raise ValueError(f"proj is only used by method='coordinates', not {method!r}")
+    if (lr is not None or lr_value is not None) and method != "gd":
+        raise ValueError("lr is only used by method='gd'")
+    if lr is not None and lr_value is not None:
+        raise ValueError("lr is given twice, as lr_value (a float) and as lr (a tensor); pass one")
+    if factor is not None and not isinstance(factor, torch.Tensor):
+        raise ValueError("factor must be the float64 Cholesky factor (a tensor) from "
+                         "fixed_point_factor(B, gamma, ridge)")
+    Z0, B, targets = (_validate.tensor_arg(n, t) for n, t in (("Z0", Z0), ("B", B), ("targets", targets)))
+    proj = None if proj is None else _validate.tensor_arg("proj", proj)
+    lr = None if lr is None else _validate.tensor_arg("lr", lr)
+    lr_value = None if lr_value is None else _validate.finite_positive("lr", lr_value)
+    gamma = _validate.gamma(gamma)
+    steps = _validate.positive_int("steps", steps, minimum=0)
+    ridge = _validate.finite_positive("ridge", ridge) if method == "fixed_point" else float(ridge)
+    Z0, B, targets, proj = _problem_meta(Z0, B, targets, proj, coordinates=method == "coordinates")
+    b, S, D = Z0.shape[0], B.shape[0], B.shape[1]
+    if lr is not None:
+        _validate.tensor_meta("lr", lr, ndim=(0, 1))
+        if lr.dim() == 1 and lr.shape != (b,):
+            raise ValueError(f"lr must be a scalar or have shape ({b},), got {tuple(lr.shape)}")
+    if factor is not None and (factor.dtype != torch.float64 or factor.shape != (S, S)
+                               or factor.device != B.device):
+        raise ValueError(f"factor must be the float64 ({S}, {S}) Cholesky factor on {B.device} from "
+                         "fixed_point_factor(B, gamma, ridge)")
+    # a step evaluates k(z, B) (S D per point) and, for coordinates, a d x D Jacobian per basis point
+    per_step = b * S * D * (targets.shape[1] if method == "coordinates" else 1)
+    _validate.work(f"preimage with steps={steps} on Z0 {tuple(Z0.shape)} and B {tuple(B.shape)}",
+                   steps * per_step, "lower steps")
+    return (Z0, B, targets, gamma, method, steps, lr_value, lr, proj, ridge, factor, bool(return_loss),
+            precision)
 
 
 def _preimage_fake(Z0, B, targets, gamma, method, steps, lr_value, lr, proj, ridge, factor,
@@ -194,22 +246,17 @@ def _preimage_fake(Z0, B, targets, gamma, method, steps, lr_value, lr, proj, rid
 
 @_library.op("preimage", "(Tensor Z0, Tensor B, Tensor targets, float gamma, str method, int steps, "
              "float? lr_value, Tensor? lr, Tensor? proj, float ridge, Tensor? factor, bool return_loss, "
-             "str precision) -> (Tensor, Tensor)", _preimage_fake)
+             "str precision) -> (Tensor, Tensor)", check=_preimage_check, fake=_preimage_fake)
 def _preimage_op(Z0, B, targets, gamma, method, steps, lr_value, lr, proj, ridge, factor, return_loss,
                  precision):
-    lr = lr if lr is not None else lr_value
-    Z0, B, targets, proj = _check_problem(Z0, B, targets, proj, coordinates=method == "coordinates")
-    g, S, dev = gamma, B.shape[0], Z0.device.type
+    Z0, B, targets, proj = _problem_values(Z0, B, targets, proj)
+    g, dev = gamma, Z0.device.type
     if method == "coordinates":
         Z = _dispatch.implementation("preimage_coordinates", dev)(Z0, B, targets, proj, g, steps)
     elif method == "gd":
-        lr_t = _gd_lr(lr, Z0, B, g)
+        lr_t = _gd_lr(lr if lr is not None else lr_value, Z0, B, g)
         Z = _dispatch.implementation("preimage_gd", dev)(Z0, B, targets, g, steps, lr_t, precision=precision)
     else:
-        if factor is not None and (factor.dtype != torch.float64 or factor.shape != (S, S)
-                                   or factor.device != B.device):
-            raise ValueError(f"factor must be the float64 ({S}, {S}) Cholesky factor on {B.device} from "
-                             "fixed_point_factor(B, gamma, ridge)")
         A = fixed_point_coefficients(B, targets, g, ridge, factor)
         Z = _dispatch.implementation("preimage_fixed_point", dev)(Z0, B, A, g, steps, precision=precision)
     loss = _loss(Z, B, targets, g, proj) if return_loss else Z.new_empty(0)
@@ -234,39 +281,24 @@ def preimage(Z0: torch.Tensor, B: torch.Tensor, targets: torch.Tensor, *, gamma:
     Returns Z (b, D), and the per-point final loss (b,) when ``return_loss``.
     A torch custom operator (``torch.ops.geomkern.preimage``): traces under torch.compile.
     """
-    method = _validate.choice("method", method, METHODS)
-    p = _validate.precision(precision)
-    if factor is not None and method != "fixed_point":
-        raise ValueError(f"factor is only used by method='fixed_point', not {method!r}")
-    if method != "coordinates" and proj is not None:
-        raise ValueError(f"proj is only used by method='coordinates', not {method!r}")
-    if lr is not None and method != "gd":
-        raise ValueError("lr is only used by method='gd'")
-    if factor is not None and not isinstance(factor, torch.Tensor):
-        raise ValueError("factor must be the float64 Cholesky factor (a tensor) from "
-                         "fixed_point_factor(B, gamma, ridge)")
-    Z0, B, targets = (_validate.tensor_arg(n, t) for n, t in (("Z0", Z0), ("B", B), ("targets", targets)))
-    proj = None if proj is None else _validate.tensor_arg("proj", proj)
     lr_value = None
     if lr is not None and not isinstance(lr, torch.Tensor):
-        lr_value, lr = _validate.finite_positive("lr", lr), None
-    Z, loss = _preimage_op(Z0, B, targets, _validate.gamma(gamma), method,
-                           _validate.positive_int("steps", steps, minimum=0), lr_value, lr, proj,
-                           _validate.finite_positive("ridge", ridge) if method == "fixed_point" else 0.0,
-                           factor, bool(return_loss), p)
+        lr_value, lr = lr, None
+    Z, loss = _preimage_op(Z0, B, targets, gamma, method, steps, lr_value, lr, proj,
+                           ridge if method == "fixed_point" else 0.0, factor, bool(return_loss), precision)
     return (Z, loss) if return_loss else Z
 
 
 def _gd_lr(lr, Z0, B, gamma) -> torch.Tensor:
+    """The per-point gd step (b,): ``lr`` a float or a tensor that the check has shaped, None for
+    :func:`default_gd_lr`; here its values are checked (finite, > 0)."""
     b = Z0.shape[0]
     if lr is None:
         return default_gd_lr(Z0, B, gamma)
     if isinstance(lr, torch.Tensor):
-        lr = _validate.tensor("lr", lr, ndim=(0, 1), allow_empty=False)
+        lr = _validate.finite("lr", lr)
         lr = lr.to(device=Z0.device, dtype=Z0.dtype).expand(b).contiguous() if lr.dim() == 0 else lr
-        if lr.shape != (b,):
-            raise ValueError(f"lr must be a scalar or have shape ({b},), got {tuple(lr.shape)}")
         if bool((lr <= 0).any()):
             raise ValueError("lr must be > 0")
         return lr.to(device=Z0.device, dtype=Z0.dtype).contiguous()
-    return torch.full((b,), _validate.finite_positive("lr", lr), dtype=Z0.dtype, device=Z0.device)
+    return torch.full((b,), lr, dtype=Z0.dtype, device=Z0.device)

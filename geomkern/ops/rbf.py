@@ -178,15 +178,15 @@ _dispatch.register("rbf_gram", "reference")(gram_reference)
 _dispatch.register("rbf_matmul", "reference")(rbf_matmul_reference)
 
 
-def _gram_fake(X, Y, gamma, center, precision):
-    return X.new_empty(X.shape[0], (X if Y is None else Y).shape[0])
-
-
-@_library.op("rbf_gram", "(Tensor X, Tensor? Y, float gamma, bool center, str precision) -> Tensor", _gram_fake)
-def _rbf_gram_op(X, Y, gamma, center, precision):
-    X = _validate.tensor("X", X, ndim=2, allow_half=True)
+def _gram_check(X, Y, gamma, center, precision):
+    """rbf_gram's arguments, every check that reads no values (the function, the operator and its
+    fake run it); returns them normalised."""
+    X = _validate.tensor_arg("X", X)
+    Y = None if Y is None else _validate.tensor_arg("Y", Y)
+    gamma, center, precision = _validate.gamma(gamma), bool(center), _validate.precision(precision)
+    X = _validate.tensor_meta("X", X, ndim=2, allow_half=True)
     if Y is not None:
-        Y = _validate.tensor("Y", Y, ndim=2, allow_half=True)
+        Y = _validate.tensor_meta("Y", Y, ndim=2, allow_half=True)
         _validate.same_device_dtype(X=X, Y=Y)
         _validate.same_dim("X", X, "Y", Y)
         if center:
@@ -194,6 +194,18 @@ def _rbf_gram_op(X, Y, gamma, center, precision):
                              "centre a cross-Gram with the training Gram's means instead")
     _validate.allocation("the Gram matrix", (X.shape[0], X.shape[0] if Y is None else Y.shape[0]),
                          X.dtype, X.device)
+    return X, Y, gamma, center, precision
+
+
+def _gram_fake(X, Y, gamma, center, precision):
+    return X.new_empty(X.shape[0], (X if Y is None else Y).shape[0])
+
+
+@_library.op("rbf_gram", "(Tensor X, Tensor? Y, float gamma, bool center, str precision) -> Tensor",
+             check=_gram_check, fake=_gram_fake)
+def _rbf_gram_op(X, Y, gamma, center, precision):
+    X = _validate.finite("X", X)
+    Y = None if Y is None else _validate.finite("Y", Y)
     return _dispatch.implementation("rbf_gram", X.device.type)(X, Y, gamma, center, precision=precision)
 
 
@@ -207,24 +219,31 @@ def rbf_gram(X: torch.Tensor, Y: torch.Tensor | None = None, *, gamma: float,
     precision: how float32 dots run on tensor-core backends (geomkern._validate.PRECISIONS).
     A torch custom operator (``torch.ops.geomkern.rbf_gram``): traces under torch.compile.
     """
-    X = _validate.tensor_arg("X", X)
-    Y = None if Y is None else _validate.tensor_arg("Y", Y)
-    return _rbf_gram_op(X, Y, _validate.gamma(gamma), bool(center), _validate.precision(precision))
+    return _rbf_gram_op(X, Y, gamma, center, precision)
+
+
+def _matmul_check(X, Y, V, gamma, precision):
+    """rbf_matmul's arguments, every check that reads no values; returns them normalised."""
+    X, Y, V = (_validate.tensor_arg(n, t) for n, t in (("X", X), ("Y", Y), ("V", V)))
+    gamma, precision = _validate.gamma(gamma), _validate.precision(precision)
+    X = _validate.tensor_meta("X", X, ndim=2)
+    Y = _validate.tensor_meta("Y", Y, ndim=2)
+    V = _validate.tensor_meta("V", V, ndim=2)
+    _validate.same_device_dtype(X=X, Y=Y, V=V)
+    _validate.same_dim("X", X, "Y", Y)
+    if V.shape[0] != Y.shape[0]:
+        raise ValueError(f"V must have one row per row of Y ({Y.shape[0]}), got shape {tuple(V.shape)}")
+    return X, Y, V, gamma, precision
 
 
 def _matmul_fake(X, Y, V, gamma, precision):
     return X.new_empty(X.shape[0], V.shape[1])
 
 
-@_library.op("rbf_matmul", "(Tensor X, Tensor Y, Tensor V, float gamma, str precision) -> Tensor", _matmul_fake)
+@_library.op("rbf_matmul", "(Tensor X, Tensor Y, Tensor V, float gamma, str precision) -> Tensor",
+             check=_matmul_check, fake=_matmul_fake)
 def _rbf_matmul_op(X, Y, V, gamma, precision):
-    X = _validate.tensor("X", X, ndim=2)
-    Y = _validate.tensor("Y", Y, ndim=2)
-    V = _validate.tensor("V", V, ndim=2)
-    _validate.same_device_dtype(X=X, Y=Y, V=V)
-    _validate.same_dim("X", X, "Y", Y)
-    if V.shape[0] != Y.shape[0]:
-        raise ValueError(f"V must have one row per row of Y ({Y.shape[0]}), got shape {tuple(V.shape)}")
+    X, Y, V = _validate.finite("X", X), _validate.finite("Y", Y), _validate.finite("V", V)
     return _dispatch.implementation("rbf_matmul", X.device.type)(X, Y, V, gamma, precision=precision)
 
 
@@ -235,8 +254,7 @@ def rbf_matmul(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, *, gamma: floa
     X: (n, D), Y: (m, D), V: (m, p) -> (n, p). precision: as for :func:`rbf_gram`.
     A torch custom operator (``torch.ops.geomkern.rbf_matmul``): traces under torch.compile.
     """
-    X, Y, V = (_validate.tensor_arg(n, t) for n, t in (("X", X), ("Y", Y), ("V", V)))
-    return _rbf_matmul_op(X, Y, V, _validate.gamma(gamma), _validate.precision(precision))
+    return _rbf_matmul_op(X, Y, V, gamma, precision)
 
 
 def median_gamma(X: torch.Tensor, *, max_points: int = 2048, seed: int = 0) -> float:

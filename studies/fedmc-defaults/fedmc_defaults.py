@@ -2,7 +2,7 @@
 
 Two measurements, each against its baseline in the same run:
 
-* ``fidelity``: the manifold-fidelity benchmark (benchmarks/fidelity.py, full size, D = 64):
+* ``fidelity``: the manifold-fidelity benchmark (scripts/fidelity.py, full size, D = 64):
   the off-manifold ratio of FedMC samples at matched displacement, relative to GGEUR's
   (lower is better), for each setting.
 * ``embedded``: federated accuracy of FedAvg+FedMC on the embedded WordNet/MiniLM data

@@ -1,6 +1,6 @@
 """Can tf32x3 keep its per-K-step fresh accumulator (the accuracy fix of docs/history.md §19) and
 still let Triton keep wgmma groups in flight? Each variant of the bare 4,096^2 x 512 GEMM compiled
-for sm_90 (no GPU: benchmarks/sm90_report.py's compile-only driver), its hot loop counted:
+for sm_90 (no GPU: scripts/sm90_report.py's compile-only driver), its hot loop counted:
 instructions, wgmma waits, and how many of them drain everything (full).
 
     .venv/bin/python studies/tf32x3-waits/waits.py
@@ -31,7 +31,7 @@ import triton.language as tl  # noqa: E402
 
 from geomkern.backends.triton._common import _tf32_split, mma  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "benchmarks" / "sm90_report.py")
+_spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "scripts" / "sm90_report.py")
 rep = importlib.util.module_from_spec(_spec)
 sys.modules["sm90_report"] = rep
 _spec.loader.exec_module(rep)

@@ -1,5 +1,5 @@
 """CI compile check for H100 (sm_90), no GPU needed: a few main Triton kernels compiled by
-benchmarks/sm90_report.py with the launch configurations geomkern's launchers pick.
+scripts/sm90_report.py with the launch configurations geomkern's launchers pick.
 
 - the report's records parse and carry the keys the issue asks for;
 - no hot-loop spill (LDL/STL inside the innermost loop that does the kernel's work) at D <= 1,024,
@@ -25,9 +25,8 @@ import pytest
 import importlib.util  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-# by path: benchmarks/ on sys.path would let its conftest.py shadow this directory's for every
-# later import of conftest (the Triton tests' interpreter worker is one)
-_spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "benchmarks" / "sm90_report.py")
+# by path, as the GPU session runs it (scripts/ is not a package)
+_spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "scripts" / "sm90_report.py")
 sm90_report = importlib.util.module_from_spec(_spec)
 sys.modules["sm90_report"] = sm90_report
 _spec.loader.exec_module(sm90_report)
@@ -36,9 +35,9 @@ gpu_model = sys.modules["gpu_model"]
 WHY_NOT = sm90_report.why_not()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"sm_90 compile check: {WHY_NOT}")
 
-# substrings of benchmarks/sm90_report.py case names: Gram (float32 + float64), the 50k x S512 gd
+# substrings of scripts/sm90_report.py case names: Gram (float32 + float64), the 50k x S512 gd
 # pre-image at D = 512 (float32 + float64) and D = 1,024, K-Means assign k = 64, the projection
-# substrings of benchmarks/sm90_report.py case names: together they launch every Triton kernel
+# substrings of scripts/sm90_report.py case names: together they launch every Triton kernel
 # geomkern has (test_every_kernel_family_is_compiled checks that against the sources)
 CASES = ["gram 4096^2", "gram cross", "segmented", "preimage gd 50000 x S512 x D512",
          "preimage gd 50000 x S512 x D1024", "assign 10 x 5000 x D512, k64", "projection",
@@ -53,7 +52,7 @@ def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("sm90") / "report.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # --tf32x3 all: the default scheme and the one GEOMKERN_TF32X3 can select
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sm90_report.py"), "--no-cuda",
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sm90_report.py"), "--no-cuda",
                            "--tf32x3", "all", "--cases", ";".join(CASES), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, f"sm90_report.py failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -196,7 +195,7 @@ def test_every_launcher_compiles_at_sizes_of_one():
     pattern of integer arguments equal to 1): on an H100 the pre-image kernel's S = 1 / D = 1
     variant asked for more shared memory than the GPU has and four oracle rows failed (GPU
     session 11); the kernel is now compiled without that specialisation."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sm90_report.py"), "--degenerate"],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sm90_report.py"), "--degenerate"],
                           capture_output=True, text=True, timeout=900,
                           env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     lines = proc.stdout.splitlines()

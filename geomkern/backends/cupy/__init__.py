@@ -7,7 +7,7 @@ recorded (float32 centred RBF Grams on an H100, results/gpu/eigh_gpu-NVIDIA_H100
 0.0080 s against torch.linalg.eigh's 0.88 s for 500 of 100 x 100, 0.13 s against 0.94 s for 64
 of 512 x 512), but not at the reference's accuracy. Its float32 eigenvalues were 1.5e-5 and
 2.7e-4 off the float64 ones there (GPU session 12 again), where the reference solves float32 in
-float64 on CUDA (3-4e-8, benchmarks/gpu_findings.py's eigh_upcast_cost; geomkern.ops.eigh.full_eigh).
+float64 on CUDA (3-4e-8, scripts/gpu_findings.py's eigh_upcast_cost; geomkern.ops.eigh.full_eigh).
 """
 from __future__ import annotations
 

@@ -241,7 +241,7 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
         # kept in cache; the math of geomkern.ops.preimage.{gd,fixed_point}_reference.
         # (precision: no tensor cores here, float32/float64 FMA whatever is asked)
         # Where S <= D both iterate in span(z0, B) (csrc/cpu/preimage_span.cpp): one S x S
-        # product per step instead of two S x D ones (benchmarks/NOTES.md §13); above, the
+        # product per step instead of two S x D ones (docs/history.md §8, §15); above, the
         # direct form, whose two products then cost less.
         def preimage_gd(Z0, B, T, gamma, steps, lr, precision=None):
             f = C.preimage_gd_span if span_form(B) else C.preimage_gd

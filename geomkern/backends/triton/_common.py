@@ -9,6 +9,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from ..._validate import DEFAULT_PRECISION, PRECISIONS  # noqa: F401  (the public choices)
+from ..._validate import precision as _validate_precision
 from ...ops.rbf import shift_rows
 
 
@@ -80,7 +81,7 @@ def scalars(device, dtype: torch.dtype, *values: float) -> torch.Tensor:
 #             "builtin" in every kernel at the same error (docs/gpu-model.md).
 #   "builtin" tl.dot(input_precision="tf32x3"): Triton's own split (cvt.rna.tf32 per operand and
 #             product).
-# benchmarks/tf32x3_schemes.py times both (and a K-concatenated plain tf32 GEMM) on a GPU, with
+# scripts/tf32x3_schemes.py times both (and a K-concatenated plain tf32 GEMM) on a GPU, with
 # their errors against float64; GEOMKERN_TF32X3 picks one for a process (the measurement's switch).
 TF32X3_SCHEMES = ("split", "builtin")
 TF32X3 = os.environ.get("GEOMKERN_TF32X3", "split")
@@ -92,8 +93,7 @@ def dot_precision(dtype: torch.dtype, precision: str) -> str:
     """The PRECISION constexpr the kernels pass to ``mma``: "tf32"/"tf32x3" only change float32
     operands (float64 is exact, float16/bfloat16 use the tensor cores natively): others get
     "ieee". float32 "tf32x3" becomes "tf32x3split" under the "split" scheme (above)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    precision = _validate_precision(precision)  # the public ops' own refusal, word for word
     if dtype != torch.float32:
         return "ieee"
     return "tf32x3split" if precision == "tf32x3" and TF32X3 == "split" else precision
@@ -146,7 +146,7 @@ def mma(a, b, acc, PRECISION: tl.constexpr):
         # three. Triton rewrites "acc + dot(a, b, 0)" into "dot(a, b, acc)", so this product
         # accumulates into the running sum (studies/tf32x3-waits): at tf32's 1e-4-class error
         # that truncation does not show. tl.dot(input_precision="tf32") straight on the loaded
-        # tiles was wrong on an H100 under triton 3.6 (GPU session 9, benchmarks/gpu_findings.py):
+        # tiles was wrong on an H100 under triton 3.6 (GPU session 9, scripts/gpu_findings.py):
         # 1.1e-1 relative on a 300 x D64 Gram and 3.3e-1 on the cross Gram, against the 2.3e-4
         # that TF32 operands give, changing with the tile shape (64 x 64, 4 warps: 2.2e-4 at
         # D64, 9.2e-3 at 4096 x D512) -- while every path whose operands are computed in

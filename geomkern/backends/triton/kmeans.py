@@ -60,11 +60,11 @@ def _assign_kernel(X, Cen, CC, Labels, n, k, D, BLOCK_M: tl.constexpr, BLOCK_C: 
 def _rows_per_tile(m: int, n: int, k: int, block_c: int, sms: int) -> int:
     """BLOCK_M for the tensor-core assign (the kernel reads its X rows once and all k centres once
     per program, so it is bound by those bytes): the tile whose busiest SM moves the fewest,
-    ceil(programs / sms) * (BLOCK_M + k) rows, as benchmarks/gpu_model.py prices it; ties go to
+    ceil(programs / sms) * (BLOCK_M + k) rows, as scripts/gpu_model.py prices it; ties go to
     the smaller tile. 256-row tiles (k = 64, 10 x 5,000 points: 2 waves of 320 rows against 6 of
     128, model 1.08x the roofline instead of 1.28x) spill in the hot loop at tf32x3 (the operands'
     hi/lo split in registers, 9 local-memory ops per iteration at 8 warps, 15 at 16), so they are
-    not offered (NOTES.md section 11)."""
+    not offered (docs/history.md §11)."""
     kc = triton.cdiv(k, block_c) * block_c
     best = None
     for bm in (64, 128):

@@ -138,7 +138,7 @@ def project_onto_basis(X, alphas, offsets, B, gamma: float, precision: str = C.D
     dot = C.dot_precision(X.dtype, precision)
     if X.dtype == torch.float32 and dot != "ieee":
         # tensor cores: 128 x 128 K tiles over two warpgroups, 32 flops per L2 byte (64 x 64: 16,
-        # which the model found L2-bound; NOTES.md section 11)
+        # which the model found L2-bound; docs/history.md §11)
         BLOCK_S, BLOCK_A, BLOCK_K = C.block(S, 16, 128), 128, 32
         warps = 8 if BLOCK_S >= 128 else 4
     else:

@@ -12,7 +12,7 @@ B (S, D), both shaped for the tensor cores (BLOCK_M >= 64 rows: Hopper's wgmma):
 Nothing D-sized lives in registers, so any D compiles without spilling (issue 13: the old
 whole-row-in-registers kernel spilled at D = 1,024 and used 16-row tiles below wgmma's minimum).
 The iterate itself lives in the output (updated in place, the program's own rows) and w in a
-scratch buffer: both are re-read from L2 every step, which benchmarks/sm90_report.py prices (each
+scratch buffer: both are re-read from L2 every step, which scripts/sm90_report.py prices (each
 B tile is reused BLOCK_M times per product). Every 2-D access is a tensor descriptor (TMA on
 Hopper), so no thread holds tile addresses; a row is written by TMA stores and read back by TMA
 loads after a barrier, before which Triton waits for the stores to complete
@@ -126,7 +126,7 @@ def _tiles(dtype: torch.dtype, dot: str) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps). Tensor cores (tf32, tf32x3): 128 x 128 output tiles
     over two warpgroups, each on wgmma's 64 rows, so every B tile serves 128 points per product;
     float64 (DMMA, no wgmma) 64 x 64; float32 "ieee" (FFMA) 64 x 128 over 8 warps (128 x 128 at
-    ieee spills: its FMA operands sit in registers). benchmarks/NOTES.md section 10."""
+    ieee spills: its FMA operands sit in registers). docs/history.md §10."""
     if dtype == torch.float64:
         return 64, 64, 16, 4
     return (64, 128, 16, 8) if dot == "ieee" else (128, 128, 32, 8)
@@ -146,7 +146,7 @@ def _launch(Z0, B, T, step, gamma: float, steps: int, fixed_point: bool, precisi
     w = C.empty(T.shape, acc, Z0.device)
     tiny = torch.finfo(Z0.dtype).tiny ** 0.5
     # (128, 128) output tiles over two warpgroups (each on wgmma's 64 rows): every B tile serves
-    # 128 points per product; float64 (DMMA: no wgmma) (64, 64). benchmarks/NOTES.md section 10.
+    # 128 points per product; float64 (DMMA: no wgmma) (64, 64). docs/history.md §10.
     dot = C.dot_precision(Z0.dtype, precision)
     BM, BN, BK, warps = _tiles(Z0.dtype, dot)
     C.launch(_preimage_kernel)[(triton.cdiv(b, BM),)](

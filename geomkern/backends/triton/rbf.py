@@ -199,7 +199,7 @@ _RESIDENT_D = 128
 def _tiles(n: int, D: int, dtype: torch.dtype, dot: str) -> tuple[int, int, int]:
     """(square tile edge, K-chunk, num_warps) for Gram tiles. float32 on the tensor cores (tf32,
     tf32x3): 128x128x32 over two warpgroups (wgmma's 64 rows each): half the L2 bytes per flop of
-    64x64, which the model (benchmarks/gpu_model.py) finds L2-bound; FFMA ("ieee", half types'
+    64x64, which the model (scripts/gpu_model.py) finds L2-bound; FFMA ("ieee", half types'
     fallback) 64x64x32 on 4 warps; float64 32x32x16 (twice the bytes per element)."""
     if dtype == torch.float64:
         return C.block(n, 16, 32), C.block(D, 16, 16), 4
@@ -286,7 +286,7 @@ def wave_splits(units: int, max_splits: int, sms: int, tolerance: float = 1.05) 
     """How many ways to split each of ``units`` equal programs (a reduction split, summed after)
     so the grid fills whole waves on ``sms`` SMs: the smallest split count whose wave
     quantisation ceil(g / sms) / (g / sms), g = units * split, is within ``tolerance``, else the
-    best one up to ``max_splits`` (benchmarks/gpu_model.py prices a launch by this makespan)."""
+    best one up to ``max_splits`` (scripts/gpu_model.py prices a launch by this makespan)."""
     best_q, best = None, 1
     for s in range(1, max(1, max_splits) + 1):
         g = units * s
@@ -300,7 +300,7 @@ def wave_splits(units: int, max_splits: int, sms: int, tolerance: float = 1.05) 
 
 # rbf_matmul tiles, float32 on the tensor cores: 128 x 128 K tiles over two warpgroups. At D > 128
 # (X streamed with each Y tile) 64 x 64 moved 16 flops per L2 byte, 128 x 128 moves 32: the
-# model had the 64 x 64 kernel L2-bound at 1.85x its dot time (sm90 report, NOTES.md section 11).
+# model had the 64 x 64 kernel L2-bound at 1.85x its dot time (sm90 report, docs/history.md §11).
 _MATMUL_TC = (128, 128, 8)
 # Each split's Y chunk keeps at least this many BLOCK_N tiles (the partial outputs stay a few
 # percent of the traffic).
@@ -360,7 +360,7 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
 
 # --------------------------------------------------------------------------------- registration
 
-# auto on CUDA: measured on an H100 through the public ops (benchmarks/tf32x3_schemes.py, the GPU
+# auto on CUDA: measured on an H100 through the public ops (scripts/tf32x3_schemes.py, the GPU
 # session of 2026-11-26, float32, same inputs, interleaved): rbf_gram 2.43x (symmetric 4096 x
 # D512) and 1.32x (cross) the torch reference, rbf_matmul 4.96x (20,000^2 x D64, p16), at 1.3e-7
 # and 6.4e-7 relative to float64 (the reference: 7.7e-8, 1.4e-7); on an offset cloud 1.1e-7

@@ -2,7 +2,7 @@
 change between the sessions move a kernel? Rows match on (kernel, case, dtype, precision, tf32x3
 scheme); within each session's files a later file wins, as in sm90_report.py --compare.
 
-    python benchmarks/gpu_sessions_compare.py --a results/gpu/session-h100-2026-11-26-run1.jsonl \\
+    python scripts/gpu_sessions_compare.py --a results/gpu/session-h100-2026-11-26-run1.jsonl \\
         results/gpu/session-h100-2026-11-26-run2.jsonl --b results/gpu/session-h100-2026-11-27-call1.jsonl \\
         results/gpu/session-h100-2026-11-27-call2.jsonl
 """

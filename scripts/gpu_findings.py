@@ -1,6 +1,6 @@
 """Follow-up measurements for the failures a GPU session found (issue 28), in one short call.
 
-    python benchmarks/gpu_findings.py --jsonl $OUT/findings.jsonl     # on the GPU machine
+    python scripts/gpu_findings.py --jsonl $OUT/findings.jsonl     # on the GPU machine
 
 1. tf32 symmetric Gram: session 9's first call had rbf_gram(X, center=False, precision="tf32")
    at 2.5e-2 relative error (300 x D64) and 6.2e-3 (4096 x D512) where the cross Gram at tf32

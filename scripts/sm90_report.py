@@ -1,7 +1,7 @@
 """sm_90 compile report: every geomkern GPU kernel compiled for an H100, with a modelled time.
 
-    python benchmarks/sm90_report.py --out FILE.json [--cases "gram;preimage"] [--no-cuda]
-    python benchmarks/sm90_report.py --measure --out FILE.json      # on a GPU: model + measurement
+    python scripts/sm90_report.py --out FILE.json [--cases "gram;preimage"] [--no-cuda]
+    python scripts/sm90_report.py --measure --out FILE.json      # on a GPU: model + measurement
 
 No GPU is needed (or used) to compile. The Triton kernels are compiled by running geomkern's own
 launchers (geomkern/backends/triton/*.py) under a compile-only Triton driver that reports
@@ -14,7 +14,7 @@ kernels (csrc/cuda/*.cu) are compiled as tests/geomkern/test_nvcc_compile.py doe
 Registers and spills come from ptxas's own report; tensor-core instructions, the hot loop's
 instruction mix and the exp count come from the SASS (cuobjdump from Triton's NVIDIA backend).
 
-Every ``predicted_us`` / ``roofline_us`` is a MODEL (benchmarks/gpu_model.py, whose docstring lists
+Every ``predicted_us`` / ``roofline_us`` is a MODEL (scripts/gpu_model.py, whose docstring lists
 every constant and assumption), never a measurement. ``--measure`` (GPU only) times the same cases
 with triton.testing.do_bench (median) and writes ``measured_us`` beside them.
 
@@ -44,8 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str, path: Path):
-    """Import a sibling script by path, without putting benchmarks/ on sys.path (where its
-    conftest.py would shadow the tests' conftest for anything imported later)."""
+    """Import a sibling script by path (scripts/ is not a package), once."""
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -54,10 +53,10 @@ def _load(name: str, path: Path):
     return sys.modules[name]
 
 
-gm = _load("gpu_model", ROOT / "benchmarks" / "gpu_model.py")
+gm = _load("gpu_model", ROOT / "scripts" / "gpu_model.py")
 
 TARGET = ("cuda", 90, 32)
-MODEL_LABEL = ("model (benchmarks/gpu_model.py: H100 SXM datasheet rates; tensor cores, L2 and HBM at "
+MODEL_LABEL = ("model (scripts/gpu_model.py: H100 SXM datasheet rates; tensor cores, L2 and HBM at "
                "the fractions measured on this workplace's H100 by bare GEMMs and a copy): compiled "
                "for sm_90, not run")
 STEPS = 100
@@ -965,7 +964,7 @@ def build_report(case_filter: list[str] | None = None, with_cuda: bool = True, l
                  schemes=None, precisions=None) -> list[dict]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("sm90_report compiles for a GPU: run it in a process without "
-                           "TRITON_INTERPRET=1 (python benchmarks/sm90_report.py does that)")
+                           "TRITON_INTERPRET=1 (python scripts/sm90_report.py does that)")
     reason = why_not()
     if reason:
         raise RuntimeError(f"sm90_report cannot run: {reason}")

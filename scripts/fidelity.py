@@ -17,7 +17,7 @@ baseline), FedMC with each pre-image solver and formulation: "consistent" (the d
 (Eq. 10-13 literally: the target is built from the perturbed kernel-PC coordinates alone, solved
 by gd from x as Eq. 14, not anchored) and "hybrid" (the paper's perturbation added to k(x, B)).
 
-Run: python benchmarks/fidelity.py [--size full|small|tiny] [--out FILE] [--plot DIR]
+Run: python scripts/fidelity.py [--size full|small|tiny] [--out FILE] [--plot DIR]
 (--plot: one PNG per manifold, the clean manifold and every method's samples in 3-D, the ratio in
 each panel's title: DIR/fidelity-scurve.png, DIR/fidelity-swissroll.png)
 """

@@ -1,7 +1,7 @@
 """A time model of one kernel launch on an H100 SXM, from what the compiler produced for sm_90.
 
 Everything this module returns is a MODEL, not a measurement: no GPU ran it. It is what
-``benchmarks/sm90_report.py`` attaches to each compiled kernel (``predicted_us``) next to the op's
+``scripts/sm90_report.py`` attaches to each compiled kernel (``predicted_us``) next to the op's
 own limit (``roofline_us``); ``sm90_report.py --measure`` times the same cases on a GPU and puts
 the measurements beside these numbers, so one GPU run checks the model.
 
@@ -42,7 +42,7 @@ Constants (H100 SXM5, datasheet unless said otherwise)
 Achieved fractions (``predicted_us``; ``roofline_us`` stays at the datasheet peaks)
 ----------------------------------------------------------------------------------
 Calibrated on this workplace's H100 (NVIDIA H100 80GB HBM3, 132 SMs, triton 3.6.0) by two bare
-Triton GEMMs of benchmarks/tf32x3_schemes.py, measured in the GPU session of 2026-11-26
+Triton GEMMs of scripts/tf32x3_schemes.py, measured in the GPU session of 2026-11-26
 (results/gpu/session-h100-2026-11-26-run*.jsonl), never by the ops being predicted:
 - Tensor-core pipes (HGMMA, HMMA, DMMA): TENSOR_FRACTION = 0.64 of the datasheet rate per K step
   of a 128 x 128 x 32 wgmma loop. The one-pass TF32 GEMM 4096 x 4096 x 512 (16 K steps a tile)

@@ -1,7 +1,7 @@
 """How to issue a float32-accurate dot on Hopper tensor cores: the tf32x3 schemes as bare GEMMs.
 
-    python benchmarks/tf32x3_schemes.py [--jsonl FILE]     # on a GPU: time + error of each scheme
-    python benchmarks/tf32x3_schemes.py --dry [--jsonl F]  # no GPU: each scheme's sm_90 SASS
+    python scripts/tf32x3_schemes.py [--jsonl FILE]     # on a GPU: time + error of each scheme
+    python scripts/tf32x3_schemes.py --dry [--jsonl F]  # no GPU: each scheme's sm_90 SASS
 
 C = A @ B^T for A, B (4096, 512) float32 (the Gram's shape), one Triton kernel per scheme with
 the tiles geomkern's Gram uses (128 x 128 x 32, 8 warps), every scheme through
@@ -271,7 +271,7 @@ def run_gpu(emit):
 
 def run_dry(emit):
     """Each scheme compiled for sm_90 (no GPU): the hot loop's instructions and wgmma waits."""
-    spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "benchmarks" / "sm90_report.py")
+    spec = importlib.util.spec_from_file_location("sm90_report", ROOT / "scripts" / "sm90_report.py")
     rep = sys.modules.get("sm90_report") or importlib.util.module_from_spec(spec)
     if "sm90_report" not in sys.modules:
         sys.modules["sm90_report"] = rep
