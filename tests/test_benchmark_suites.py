@@ -110,3 +110,15 @@ def test_cpu_floor_subset_by_provider_and_save_results(tmp_path):
     assert set(saved["results"]) == {"kpca: sklearn KernelPCA[arpack] + rbf_kernel",
                                      "kpca: gk.kpca + project_onto_basis [auto]"}
     assert [r["label"] for r in saved["ratios"]] == ["kpca+projection: gk vs sklearn ARPACK (goal >= 6x)"]
+
+
+def test_benchmarks_holds_only_suites():
+    """benchmarks/ is the pytest-benchmark suites (test_*.py, each timing through the `benchmark`
+    fixture) and their conftest.py; tools live in scripts/, one-off measurements in studies/."""
+    files = sorted(p.name for p in (ROOT / "benchmarks").iterdir()
+                   if p.is_file() and p.suffix in {".py", ".sh", ".md", ".ipynb"})
+    others = [f for f in files if f != "conftest.py" and not (f.startswith("test_") and f.endswith(".py"))]
+    assert not others, f"benchmarks/ holds only pytest-benchmark suites; move {others} to scripts/ or studies/"
+    untimed = [f for f in files if f.startswith("test_")
+               and "benchmark" not in (ROOT / "benchmarks" / f).read_text()]
+    assert not untimed, f"not pytest-benchmark suites (no `benchmark` fixture): {untimed}"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # fidelity.py
 import fidelity  # noqa: E402
 
 FIDELITY_BASE = dict(gamma="median", d=2, n_clusters=6, n_base=128, n_entries=20)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the suites' workloads
 import geomkern as gk  # noqa: E402
 from test_client_pipeline import N_COMPONENTS, make_data  # noqa: E402
 

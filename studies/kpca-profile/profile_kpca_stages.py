@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the suites' workloads
 import geomkern as gk  # noqa: E402
 from geomkern.ops import kpca as K  # noqa: E402
 from geomkern.ops.rbf import double_center_  # noqa: E402

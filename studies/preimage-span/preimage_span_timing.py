@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # fidelity.py, the suites' workloads
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the suites' workloads
 import geomkern as gk  # noqa: E402
 from geomkern.ops.preimage import _CHUNK, gd_reference  # noqa: E402
 from test_client_pipeline import make_data  # noqa: E402
