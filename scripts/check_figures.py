@@ -3,15 +3,19 @@
 A quoted figure is followed by a key, an HTML comment that Markdown (GitHub, PyPI, MkDocs) does
 not render, and the page's sidecar binds the key to a result file and a template:
 
-    README.md:          | 0.5 | 62.37 ± 0.88<!--v05-avg--> | 63.90 ± 0.31<!--v05-ggeur--> |
-    README.figs.toml:   ["linear/beta0.5-3seeds-val.json"]
-                        v05-avg = '{pm(acc("FedAvg"))}'
-                        v05-ggeur = '{pm(acc("FedAvg+GGEUR"))}'
+    README.md:          the library built in 16.9 s<!--abi-build--> (...)
+                        | 0.5 | 62.37 ± 0.88 | 63.90 ± 0.31<!--v05--> |
+    README.figs.toml:   ["packaging/abi-compare.json"]
+                        abi-build = '{at("summary/after/build_wall_s"):.1f} s'
+                        ["linear/beta0.5-3seeds-val.json"]
+                        v05 = '{pm(acc("FedAvg"))} | {pm(acc("FedAvg+GGEUR"))}'
 
 The sidecar is the page's path with `.md` replaced by `.figs.toml`; its tables are entries of
 results/manifest.json (a file's path under results/), each key = a template whose `{...}` fields
-are expressions over that file, each optionally with a format spec (`{x:.2f}`). A key is letters,
-digits, `_` and `-` (a bare TOML key), at most 24 characters, and names one figure of its page.
+are expressions over that file, each optionally with a format spec (`{x:.2f}`); its other text is
+matched as written (a table row's figures share one key, their cells joined by " | "). A key is
+letters, digits, `_` and `-` (a bare TOML key), at most 24 characters, and may be quoted more
+than once in its page.
 The check renders the template and fails unless the text just before the key ends with it; it
 also fails on a key the sidecar lacks, on a sidecar key the page does not use, and on a key bound
 twice. So a number copied by hand into the prose is pinned to its source: re-running a study
