@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import client_statistics, interrupted_after, save_blobs
+from _fedsim_helpers import interrupted_after, save_blobs
+from _ggeur_clients import client_statistics
 
 import geomkern as gk
 from fedsim import client as client_module  # local_train: what client.client_round calls

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import interrupted_after, save_blobs
+from _fedsim_helpers import interrupted_after, save_blobs
 from torch.nn import functional as F
 
 from fedsim import runner

@@ -29,7 +29,7 @@ from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from conftest import save_blobs  # noqa: E402
+from _fedsim_helpers import save_blobs  # noqa: E402
 from fedsim.flower._reaper import alive, descendants  # noqa: E402
 from fedsim.flower.server_app import FlowerEngine  # noqa: E402
 from fedsim.runner import MethodSpec, RunConfig, run  # noqa: E402

@@ -96,7 +96,7 @@ def test_flower_exchange_in_batches_and_kept_geometry_give_the_local_results(tmp
     """The Flower server sends GGEUR's upload and geometry messages in batches (here of 2 clients)
     and each client keeps only its classes' eigenvectors: results identical to the local engine."""
     pytest.importorskip("flwr")
-    from conftest import save_blobs
+    from _fedsim_helpers import save_blobs
     from test_flower import InProcessGrid, _cfg, _seed_metrics
 
     from fedsim.flower import exchange

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import save_blobs  # noqa: E402
+from _fedsim_helpers import save_blobs  # noqa: E402
 from test_flower import InProcessGrid, _cfg, _seed_metrics  # noqa: E402
 
 from fedsim.flower.server_app import FlowerEngine  # noqa: E402

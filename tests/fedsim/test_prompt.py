@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import interrupted_after
+from _fedsim_helpers import interrupted_after
 
 from fedsim import runner
 from fedsim.algorithms import build_algorithm
@@ -258,7 +258,7 @@ def test_prompt_run_defaults_fill_only_what_nothing_set(tmp_path):
 
 def test_linear_head_zero_shot_accuracy_is_recorded(tmp_path):
     """--zero-shot with the linear head: round 0 is the class_text head, evaluated before training."""
-    from conftest import save_blobs
+    from _fedsim_helpers import save_blobs
 
     path = save_blobs(tmp_path / "b.npz", classes=4, dim=8, noise=1.0, n_train=200, n_test=100, seed=0)
     ds = load_dataset(str(path))

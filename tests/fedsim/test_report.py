@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import save_blobs
+from _fedsim_helpers import save_blobs
 
 from fedsim import report, runner
 from fedsim.metrics import final_report

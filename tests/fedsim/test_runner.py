@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import interrupted_after, save_blobs
+from _fedsim_helpers import interrupted_after, save_blobs
 
 from fedsim import runner
 from fedsim.data import save_dataset

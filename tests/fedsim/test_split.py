@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import interrupted_after, save_blobs
+from _fedsim_helpers import interrupted_after, save_blobs
 
 from fedsim import report, runner
 from fedsim.data import load_dataset

@@ -118,11 +118,10 @@ def test_jacobi_rejects_bad_input():
 
 @pytest.mark.gpu
 @needs_ext
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_launch_check_runs(tmp_path):
     """tests/cuda_host/launch_check.cu (linked, not run, by test_nvcc_compile.py) on the device."""
     nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
     exe = tmp_path / "launch_check"
     cu = sorted(str(p) for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
     build = subprocess.run([nvcc, "-arch=native", "-std=c++17", "-I", str(ROOT / "csrc" / "cuda"),

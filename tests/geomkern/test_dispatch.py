@@ -15,7 +15,7 @@ import geomkern as gk
 from geomkern import _dispatch
 from geomkern.backends import native
 from geomkern.ops.kpca import SOLVERS
-from conftest import TOL, assert_close_rel, offsets_from_sizes
+from _oracle import TOL, assert_close_rel, offsets_from_sizes
 
 
 def _run(code: str, env_value: str | None) -> subprocess.CompletedProcess:
@@ -102,9 +102,9 @@ def test_unknown_and_unavailable_backends():
             gk.set_backend("cupy")
 
 
+@pytest.mark.skipif(torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="triton can run here (CUDA or TRITON_INTERPRET=1)")
 def test_triton_unavailable_on_this_cpu_machine():
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("triton can run here (CUDA or TRITON_INTERPRET=1)")
     assert "triton" not in gk.available_backends()
     with pytest.raises(RuntimeError, match="not available"):
         gk.set_backend("triton")

@@ -3,9 +3,9 @@ backend, each checked by tests/_eigh_oracle.check_eigh against scipy's float64 e
 (float32-rounded) matrices: eigenvalues, reconstruction, orthogonality and eigenvectors up to
 sign (bounded by roundoff / gap).
 
-Backends (a row runs where its backend can; the others skip with the reason):
+Backends (generated where they run: _oracle.entries):
   * ``public:<b>``  gk.eigh under every backend built here that registers eigh (``reference``
-    always), on CPU, at the public op's tolerance (conftest.TOL);
+    always), on CPU, at the public op's tolerance (_oracle.TOL);
   * ``emulated``    csrc/cuda's Jacobi kernel under the host emulation (tests/_cuda_emu.py: g++
     and the CUDA headers, no GPU), at the solver's bound (EIGH_TOL: it computes in double);
   * ``cuda``        the same kernel on a GPU through geomkern._C_cuda (``gpu``-marked).
@@ -22,7 +22,7 @@ import pytest
 import scipy.linalg
 import torch
 from _eigh_oracle import check_eigh
-from conftest import DEVICES, FLOATS, SIZES, TOL, assert_close_rel, backends_for, match_signs
+from _oracle import DEVICES, FLOATS, SIZES, TOL, assert_close_rel, entries, match_signs, table
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +37,7 @@ EIGH_TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
 EMULATED_ROWS = [(3, 1), (3, 2), (3, 7), (2, 33), (1, 64), (1, 80)]
 GPU_ROWS = [(500, 100), (64, 512), (8, 1), (8, 7), (8, 33), (4, 257)]
 ROWS = EMULATED_ROWS + GPU_ROWS
-BACKENDS = [f"public:{b}" for b in backends_for("eigh")] + ["emulated", "cuda"]
+BACKENDS = entries("eigh", prefix="public:") + entries("eigh", names=("emulated", "cuda"))
 MAX_SWEEPS = {"emulated": 15, "cuda": 20}  # what the two files asserted; the kernel allows native.MAX_SWEEPS
 
 
@@ -65,10 +65,6 @@ def _solve(backend: str, A: torch.Tensor, request) -> tuple[np.ndarray, np.ndarr
     else:
         from geomkern.backends import native as native_cuda
 
-        if not torch.cuda.is_available():
-            pytest.skip("needs a CUDA device")
-        if native_cuda.why_not("cuda"):
-            pytest.skip(native_cuda.why_not("cuda"))
         Ac = A.cuda()
         w, V, info = native_cuda._C_cuda.eigh(Ac, native_cuda.eigh_tol(A.dtype, A.shape[-1]), native_cuda.MAX_SWEEPS)
         assert w.is_cuda and V.is_cuda and w.dtype == A.dtype
@@ -78,14 +74,18 @@ def _solve(backend: str, A: torch.Tensor, request) -> tuple[np.ndarray, np.ndarr
     return np.asarray(w, np.float64), np.asarray(V, np.float64)
 
 
-@pytest.mark.parametrize("dtype", FLOATS, ids=["f64", "f32"])
-@pytest.mark.parametrize("batch,n", ROWS, ids=[f"{b}x{n}" for b, n in ROWS])
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=pytest.mark.gpu) if b == "cuda" else b for b in BACKENDS])
+def _runs(backend, batch, n, dtype):
+    """The emulation runs the small rows (a fiber per thread, a fork per launch); the public op on
+    CPU (LAPACK) the rows up to 4 x 257 x 257, not the GPU's large batches."""
+    if backend == "emulated":
+        return (batch, n) in EMULATED_ROWS
+    return not backend.startswith("public:") or batch * n * n <= 4 * 257 * 257
+
+
+@pytest.mark.parametrize("backend,batch,n,dtype", table(
+    BACKENDS, (2, [pytest.param(b, n, id=f"{b}x{n}") for b, n in ROWS]),
+    [pytest.param(torch.float64, id="f64"), pytest.param(torch.float32, id="f32")], keep=_runs))
 def test_eigh_oracle_table(backend, batch, n, dtype, seed, request):
-    if backend == "emulated" and (batch, n) not in EMULATED_ROWS:
-        pytest.skip("the emulation runs the small rows (a fiber per thread, a fork per launch)")
-    if backend.startswith("public:") and batch * n * n > 4 * 257 * 257:
-        pytest.skip("the GPU's large batches: the public op on CPU runs LAPACK, checked on the rows below this size")
     A = _random_symmetric(batch, n, dtype, seed)
     w, V = _solve(backend, A, request)
     tol = TOL[dtype] if backend.startswith("public:") else EIGH_TOL[dtype]
@@ -110,7 +110,7 @@ def _sym_with_spectrum(batch, n, gen, dtype):
     return A.to(dtype)
 
 
-@pytest.mark.parametrize("backend", backends_for("eigh"), indirect=True)
+@pytest.mark.parametrize("backend", entries("eigh"), indirect=True)
 @settings(max_examples=20)
 @given(n=st.sampled_from(SIZES), batch=st.sampled_from(((), (3,), (2, 2))),
        k=st.sampled_from((None, 1, 3)), dtype=st.sampled_from(FLOATS), seed=seeds)
@@ -189,11 +189,9 @@ def test_cupy_eigh_glue_with_a_numpy_stand_in(monkeypatch, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif("cupy" not in gk.available_backends(), reason="cupy is not importable here: pip install cupy-cuda12x")
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_cupy_eigh_on_cuda_matches_reference(dtype, gen):
-    if "cupy" not in gk.available_backends():
-        pytest.skip("cupy is not importable here: pip install cupy-cuda12x")
     A = _sym_with_spectrum((5,), 40, gen, dtype)
     with gk.set_backend("cupy"):
         assert gk._dispatch.resolve("eigh", "cuda") == "cupy"

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import client_statistics
+from _ggeur_clients import client_statistics
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 

@@ -12,8 +12,7 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import make_blobs
 
 import geomkern as gk
-from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for, no_native,
-                      offsets_from_sizes, triton_entries)
+from _oracle import DEVICES, FLOATS, TOL, assert_close_rel, entries, offsets_from_sizes
 from geomkern.ops import kmeans as kmeans_mod
 
 seeds = st.integers(0, 2 ** 32 - 1)
@@ -162,13 +161,8 @@ def _public_kmeans(backend, device, X, off, k, iters, seed):
 
 
 
-def _kmeans_entries():
-    return [pytest.param("reference", id="reference"),
-            pytest.param("reference-cuda", id="reference-cuda", marks=pytest.mark.gpu),
-            pytest.param("native", id="native", marks=no_native("kmeans"))] + triton_entries()
-
-
-@pytest.mark.parametrize("entry", _kmeans_entries())
+@pytest.mark.parametrize("entry", entries("kmeans", names=("reference", "reference-cuda", "native", "triton-cpu",
+                                                         "triton-cuda")))
 @pytest.mark.parametrize("sizes,k,D,spread,shift", KMEANS_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_kmeans_matches_float64_lloyd_on_every_backend(entry, sizes, k, D, spread, shift, dtype, request, seed):
@@ -221,11 +215,7 @@ def _triton_assign(device, X, Cn):
         undo()
 
 
-def _assign_entries():
-    return [pytest.param("reference", id="reference")] + triton_entries()
-
-
-@pytest.mark.parametrize("entry", _assign_entries())
+@pytest.mark.parametrize("entry", entries("kmeans", names=("reference", "triton-cpu", "triton-cuda")))
 @pytest.mark.parametrize("m,n,k,D,shift", ASSIGN_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_assign_matches_float64_on_every_backend(entry, m, n, k, D, shift, dtype, request, seed):
@@ -281,7 +271,7 @@ def test_kmeans_inertia_close_to_sklearn(dtype, seed):
     assert np.mean(ratios) <= 1.05, f"mean inertia ratio {np.mean(ratios):.4f} > 1.05"
 
 
-@pytest.mark.parametrize("backend", backends_for("kmeans"), indirect=True)
+@pytest.mark.parametrize("backend", entries("kmeans"), indirect=True)
 @settings(max_examples=20)
 @given(sizes=st.lists(st.sampled_from((1, 7, 33, 257)), min_size=1, max_size=5),
        k=st.integers(1, 5), D=st.sampled_from((1, 2, 9)), dtype=st.sampled_from(FLOATS),
@@ -393,7 +383,7 @@ def test_kmeans_result_is_the_pair_with_its_inertia(gen):
         assert "inertia=" in repr(res)
 
 
-@pytest.mark.parametrize("backend", backends_for("kmeans"), indirect=True)
+@pytest.mark.parametrize("backend", entries("kmeans"), indirect=True)
 def test_n_init_keeps_each_segments_best_start(backend, gen):
     """n_init=n runs the starts init_seed(seed, 0..n-1) and keeps, per segment, the run of lowest
     inertia (ties: the earlier start); n_init=1 is the single run of ``seed``."""
@@ -417,7 +407,7 @@ def test_n_init_keeps_each_segments_best_start(backend, gen):
         gk.kmeans(X, 4, n_init=0)
 
 
-@pytest.mark.parametrize("backend", backends_for("kmeans"))
+@pytest.mark.parametrize("backend", entries("kmeans"))
 def test_kmeans_reports_its_lloyd_passes(backend, seed):
     """n_iter: per segment, the kept start's assignment passes: 1 with iters=0, at most iters + 1,
     and on separated blobs fewer than the cap (the last pass found nothing to change)."""

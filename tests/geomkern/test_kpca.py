@@ -21,8 +21,7 @@ from sklearn.metrics.pairwise import rbf_kernel
 import geomkern as gk
 import geomkern.ops.kpca as kpca_mod
 import geomkern.ops.rbf as rbf_mod
-from conftest import (DEVICES, FLOATS, TOL, assert_close_rel, backends_for, match_signs,
-                      offsets_from_sizes, triton_entries)
+from _oracle import DEVICES, FLOATS, TOL, assert_close_rel, entries, match_signs, offsets_from_sizes
 
 GAP = 0.02
 SOLVERS = ("auto", "dense", "subspace", "matrix_free")
@@ -139,7 +138,7 @@ def assert_transform_close(out, ref, Z64, X64, scaled, g, tol, name):
                          f"{np.linalg.norm(ref):.3e})"
 
 
-@pytest.mark.parametrize("backend", backends_for("kpca"), indirect=True)
+@pytest.mark.parametrize("backend", entries("kpca"), indirect=True)
 @settings(max_examples=12)
 @given(d=st.integers(1, 3),
        sizes=st.lists(st.sampled_from((4, 7, 33, 257)), min_size=1, max_size=4),
@@ -164,7 +163,7 @@ def test_kpca_ragged_batch_matches_sklearn(d, sizes, D, solver, dtype, seed, bac
         check_cluster(fit, X, j, g, d, solver, Z=torch.cat([near, far]))
 
 
-@pytest.mark.parametrize("backend", backends_for("kpca", "project_onto_basis"), indirect=True)
+@pytest.mark.parametrize("backend", entries("kpca", "project_onto_basis"), indirect=True)
 @settings(max_examples=12)
 @given(d=st.integers(1, 3),
        sizes=st.lists(st.sampled_from((4, 7, 33, 257)), min_size=1, max_size=3),
@@ -228,7 +227,7 @@ def _triton_projection(device, X, alphas, off, B, g):
 
 
 def _projection_entries():
-    return [pytest.param("reference", id="reference")] + triton_entries()
+    return entries("project_onto_basis", names=("reference", "triton-cpu", "triton-cuda"))
 
 
 @pytest.mark.parametrize("entry", _projection_entries())
@@ -319,12 +318,7 @@ def _kpca_fit(device, backend, X, off, d, g, solver):
     return fit.eigenvalues.cpu(), fit.alphas.cpu(), fit.mean_projection.cpu()
 
 
-def _kpca_entries():
-    return [pytest.param("reference", id="reference"),
-            pytest.param("reference-cuda", id="reference-cuda", marks=pytest.mark.gpu)] + triton_entries()
-
-
-@pytest.mark.parametrize("entry", _kpca_entries())
+@pytest.mark.parametrize("entry", entries("kpca", names=("reference", "reference-cuda", "triton-cpu", "triton-cuda")))
 @pytest.mark.parametrize("sizes,D,d,shift", KPCA_ROWS, ids=str)
 @pytest.mark.parametrize("solver", ("dense", "subspace", "auto"))
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -398,7 +392,8 @@ def _reference_segmented_gram(X, off, g):
 
 def _segmented_gram_entries():
     """(center, entry): plain Grams on Triton, centred ones on the reference and Triton."""
-    return ([pytest.param(False, *e.values, id="plain-" + e.id, marks=e.marks) for e in triton_entries()]
+    return ([pytest.param(False, *e.values, id="plain-" + e.id, marks=e.marks)
+             for e in entries("kpca", names=("triton-cpu", "triton-cuda"))]
             + [pytest.param(True, *e.values, id="centred-" + e.id, marks=e.marks) for e in _projection_entries()])
 
 
@@ -455,7 +450,7 @@ def _triton_segment_means(device, X, off):
         undo()
 
 
-@pytest.mark.parametrize("entry", triton_entries())
+@pytest.mark.parametrize("entry", entries("kpca", names=("triton-cpu", "triton-cuda")))
 @pytest.mark.parametrize("sizes,D,scale,shift", SEGMENT_MEANS_ROWS, ids=str)
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_segment_means_match_float64_on_every_backend(entry, sizes, D, scale, shift, dtype, request, seed):

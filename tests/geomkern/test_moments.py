@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import geomkern as gk
 from geomkern import ggeur
-from conftest import DEVICES, FLOATS, SIZES, TOL, assert_close_rel, backends_for
+from _oracle import DEVICES, FLOATS, SIZES, TOL, assert_close_rel, entries
 
 seeds = st.integers(0, 2 ** 32 - 1)
 
@@ -41,7 +41,7 @@ def _np_moments(X64, y, C):
     return counts, means, covs
 
 
-@pytest.mark.parametrize("backend", backends_for("class_moments"), indirect=True)
+@pytest.mark.parametrize("backend", entries("class_moments"), indirect=True)
 @settings(max_examples=20)
 @given(N=st.sampled_from(SIZES), D=st.sampled_from((1, 7, 33)), C=st.integers(1, 9),
        n_empty=st.integers(0, 2), dtype=st.sampled_from(FLOATS), seed=seeds)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import geomkern as gk
-from conftest import TOL, rel_error
+from _oracle import TOL, rel_error
 from geomkern import _validate
 
 F32 = torch.float32

@@ -13,7 +13,7 @@ from sklearn.metrics.pairwise import rbf_kernel
 import geomkern as gk
 import geomkern.ops.preimage as pre_mod
 from _preimage_problem import near_basis_problem, preimage_problem
-from conftest import DEVICES, TOL, assert_close_rel, backends_for, no_native, triton_entries
+from _oracle import DEVICES, TOL, assert_close_rel, entries, table
 from geomkern.backends import native
 
 seeds = st.integers(0, 2 ** 32 - 1)
@@ -55,7 +55,7 @@ def _dist_in_widths(z, x, g):
     return _np((z - x).norm(dim=1)) * g ** 0.5
 
 
-@pytest.mark.parametrize("backend", backends_for("preimage_gd"), indirect=True)
+@pytest.mark.parametrize("backend", entries("preimage_gd"), indirect=True)
 @settings(max_examples=10)
 @given(b=st.sampled_from((1, 7)), seed=seeds)
 def test_gd_recovers_point_when_S_exceeds_D(b, seed, backend):
@@ -73,7 +73,7 @@ def test_gd_recovers_point_when_S_exceeds_D(b, seed, backend):
     assert (_np(loss) < 1e-6 * start).all()
 
 
-@pytest.mark.parametrize("backend", backends_for("preimage_fixed_point"), indirect=True)
+@pytest.mark.parametrize("backend", entries("preimage_fixed_point"), indirect=True)
 @settings(max_examples=10)
 @given(b=st.sampled_from((1, 7, 33)), ridge=st.sampled_from((1e-12, 1e-6)), seed=seeds)
 def test_fixed_point_recovers_a_basis_point(b, ridge, seed, backend):
@@ -101,7 +101,7 @@ def test_fixed_point_recovers_a_basis_point(b, ridge, seed, backend):
         assert (_dist_in_widths(z, x, g) <= 1e-6).all()
 
 
-@pytest.mark.parametrize("backend", backends_for("preimage_coordinates"), indirect=True)
+@pytest.mark.parametrize("backend", entries("preimage_coordinates"), indirect=True)
 @settings(max_examples=10)
 @given(b=st.sampled_from((1, 7)), d=st.integers(1, 5), shared=st.booleans(), seed=seeds)
 def test_coordinates_reach_zero_loss_when_d_at_most_D(b, d, shared, seed, backend):
@@ -118,7 +118,7 @@ def test_coordinates_reach_zero_loss_when_d_at_most_D(b, d, shared, seed, backen
     assert (_np(loss) < 1e-20).all()
 
 
-@pytest.mark.parametrize("backend", backends_for("preimage_coordinates"), indirect=True)
+@pytest.mark.parametrize("backend", entries("preimage_coordinates"), indirect=True)
 @settings(max_examples=10)
 @given(b=st.sampled_from((1, 7)), seed=seeds)
 def test_coordinates_recover_point_when_d_exceeds_D(b, seed, backend):
@@ -263,10 +263,10 @@ GPU_SHAPES = [(70, 1300, 1300), (5000, 512, 512)]
 # not 16-byte multiples (the descriptors' padded copies); 257 points wide is slow (--runslow)
 NEAR_CASES = [(1, 1, 1, 3), (7, 33, 5, 4), (33, 7, 40, 3), (20, 9, 3, 0), (130, 131, 1027, 2),
               pytest.param(257, 40, 300, 5, marks=pytest.mark.slow)]
-# The host emulation (one fiber per CUDA thread) skips rows above this work budget (a bound picked,
+# The host emulation (one fiber per CUDA thread) runs the rows under this work budget (a bound picked,
 # not measured, that every shape the emulated tests ran before stays under); Triton's interpreter
-# skips the targets rows with b or D = 257 (measured 3-20 s each, about 90 s in all) and runs the
-# other targets rows to 2 steps (25 on a GPU)
+# leaves out the targets rows with b or D = 257 (measured 3-20 s each, about 90 s in all) and runs
+# the other targets rows to 2 steps (25 on a GPU)
 EMULATION_MAX = 100_000  # b * (S + D) * steps
 
 
@@ -327,17 +327,6 @@ def _cuda_entry(method, Z0, B, X, gamma, steps, lr):
     return out.cpu()
 
 
-def _entries():
-    """(id, device, methods, marks) of every pre-image implementation of the table."""
-    skip_native = no_native("preimage_gd")
-    return [pytest.param("reference", id="reference"),
-            pytest.param("native", id="native", marks=skip_native),
-            pytest.param("native-span", id="native-span", marks=skip_native),
-            pytest.param("native-direct", id="native-direct", marks=skip_native)] + triton_entries() + [
-            pytest.param("cuda-emulated", id="cuda-emulated"),
-            pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
-
 def _rows():
     rows = [pytest.param("targets", *s, TARGET_STEPS, id="targets-b%d-S%d-D%d" % s) for s in TARGET_SHAPES]
     rows += [pytest.param("targets", *s, (0, 1, 25), id="targets-b%d-S%d-D%d" % s, marks=pytest.mark.gpu)
@@ -369,26 +358,34 @@ def _check_against_reference(out, Z0, ref, steps, where):
     assert_close_rel(out, ref, TOL[Z0.dtype], where)
 
 
-@pytest.mark.parametrize("entry", _entries())
-@pytest.mark.parametrize("kind,b,S,D,steps_list", _rows())
-@pytest.mark.parametrize("method", ["gd", "fixed_point"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def _runs(dtype, method, kind, b, S, D, steps_list, entry):
+    """The cases of the table that run: csrc/cuda has the gradient-descent pre-image only (its
+    fixed point is the reference's); the GPU-sized shapes (the CUDA kernel's shared-memory tiling)
+    on a GPU only; the host emulation within EMULATION_MAX; Triton's interpreter without the
+    targets rows where b or D is 257 (those on a GPU: triton-cuda)."""
+    if entry in ("cuda-emulated", "cuda") and method == "fixed_point":
+        return False
+    if (b, S, D) in GPU_SHAPES:
+        return entry == "cuda"
+    if entry == "cuda-emulated":
+        return b * (S + D) * max(steps_list) <= EMULATION_MAX
+    return not (entry == "triton-cpu" and kind == "targets" and max(b, D) >= 257)
+
+
+# every pre-image implementation of the table: the reference, the native CPU kernels (the
+# dispatcher's entry and both forms forced), Triton, and csrc/cuda's kernel under the host
+# emulation and on a GPU
+@pytest.mark.parametrize("dtype,method,kind,b,S,D,steps_list,entry", table(
+    [pytest.param(torch.float32, id="f32"), pytest.param(torch.float64, id="f64")], ["gd", "fixed_point"],
+    (5, _rows()), entries("preimage_gd", names=("reference", "native", "native-span", "native-direct",
+                                                "triton-cpu", "triton-cuda", "cuda-emulated", "cuda")),
+    keep=_runs))
 def test_preimage_kernels_match_float64_reference(entry, kind, b, S, D, steps_list, method, dtype, request, seed):
     """Every pre-image kernel (reference, native CPU in both forms, Triton, CUDA emulated and on a
     GPU) on the same rounded inputs, against the float64 reference at TOL: shape, dtype, no NaN
     (Triton's buffers start as NaN, the emulation's output too), steps = 0 returns Z0 exactly."""
-    if entry in ("cuda-emulated", "cuda") and method == "fixed_point":
-        pytest.skip("csrc/cuda has the gradient-descent pre-image only (fixed point: the reference)")
-    if (b, S, D) in GPU_SHAPES and entry != "cuda":
-        pytest.skip("a GPU-sized case: the CUDA kernel's shared-memory tiling only")
-    if entry == "cuda-emulated" and b * (S + D) * max(steps_list) > EMULATION_MAX:
-        pytest.skip("too large for the host emulation (one fiber per CUDA thread)")
-    if entry == "triton-cpu" and kind == "targets" and max(b, D) >= 257:
-        pytest.skip("b or D = 257 takes Triton's interpreter 3-20 s a case: on a GPU (triton-cuda) only")
     if entry == "triton-cpu" and kind == "targets":
         steps_list = tuple(s for s in steps_list if s <= 2)  # 25 steps in the interpreter: GPU only
-    if entry == "cuda" and native.why_not("cuda"):
-        pytest.skip(native.why_not("cuda"))
     Z0, B, T, A, gamma = _table_problem(kind, b, S, D, seed, dtype)
     X = T if method == "gd" else A
     lr = pre_mod.default_gd_lr(Z0, B, gamma)
@@ -419,7 +416,7 @@ ORACLE_SHAPES = TARGET_SHAPES[:10]
 ORACLE_STEPS = (0, 1, 25)
 
 
-@pytest.mark.parametrize("backend", backends_for("preimage_gd", "preimage_fixed_point"), indirect=True)
+@pytest.mark.parametrize("backend", entries("preimage_gd", "preimage_fixed_point"), indirect=True)
 @pytest.mark.parametrize("shape", ORACLE_SHAPES, ids=lambda s: "b%d-S%d-D%d" % s)
 @pytest.mark.parametrize("method", ["gd", "fixed_point"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -440,12 +437,15 @@ def test_matches_float64_reference(shape, method, dtype, backend, seed):
                                  f"seed={seed} shape={shape} method={method} dtype={dtype} steps={steps}")
 
 
+needs_native = pytest.mark.skipif("native" not in gk.available_backends(),
+                                  reason="geomkern._C (native backend) is not built")
+
+
 def _native_kernel(op):
-    if "native" not in gk.available_backends():
-        pytest.skip("geomkern._C (native backend) is not built")
     return native.kernels(native._C)[op]["cpu"]
 
 
+@needs_native
 @pytest.mark.parametrize("b", [20, 257])
 @pytest.mark.parametrize("method", ["gd", "fixed_point"])
 def test_native_result_does_not_depend_on_thread_count(method, b, seed):
@@ -469,7 +469,7 @@ def test_native_result_does_not_depend_on_thread_count(method, b, seed):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), f"seed={seed}"
 
 
-@pytest.mark.parametrize("backend", backends_for("preimage_gd"), indirect=True)
+@pytest.mark.parametrize("backend", entries("preimage_gd"), indirect=True)
 def test_gd_default_lr_reduces_loss(backend, seed):
     g = torch.Generator().manual_seed(seed)
     b, S, D = 200, 64, 40
@@ -488,6 +488,7 @@ def test_gd_default_lr_reduces_loss(backend, seed):
             f"seed={seed} dtype={dtype}: mean loss {loss0.mean():.3e} -> {loss.mean():.3e}")
 
 
+@needs_native
 @pytest.mark.parametrize("form,S", [("", 4), ("_span", 2)], ids=["full", "span"])
 def test_native_entry_points_reject_bad_inputs(form, S):
     """geomkern._C's pre-image entry points, both forms (the span form takes S <= D), refuse a

@@ -14,7 +14,7 @@ from scipy.stats import norm
 from sklearn.cluster import KMeans
 
 from geomkern import privacy
-from conftest import FLOATS
+from _oracle import FLOATS
 
 SQRT2 = math.sqrt(2.0)
 

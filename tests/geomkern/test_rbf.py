@@ -15,7 +15,7 @@ from sklearn.metrics.pairwise import rbf_kernel
 import geomkern as gk
 import geomkern.ops.rbf as rbf_mod
 from geomkern.backends import native
-from conftest import DEVICES, FLOATS, HALF_TOL, SIZES, TOL, assert_close_rel, no_native, triton_entries
+from _oracle import DEVICES, FLOATS, HALF_TOL, SIZES, TOL, assert_close_rel, entries, table
 
 sizes = st.sampled_from(SIZES)
 dims = st.sampled_from((1, 3, 16))
@@ -84,27 +84,26 @@ def _triton_gram(device, X, Y, g, center):
         _common.empty = orig
 
 
-def _gram_entries():
-    return [pytest.param("reference", id="reference"),
-            pytest.param("native", id="native", marks=no_native("rbf_gram"))] + triton_entries()
+def _gram_runs(dtype, kind, data, n, m, D, entry):
+    """The cases of the table that run: half inputs only through Triton's kernel (the public op's:
+    test_rbf_gram_half_inputs_return_half); in Triton's interpreter no bfloat16 (its tl.dot is
+    wrong there), at most 257 rows, and over 257 x 5 entries float32 only (time). Every case runs
+    on a GPU (triton-cuda)."""
+    if dtype in (torch.float16, torch.bfloat16) and not entry.startswith("triton"):
+        return False
+    if entry == "triton-cpu":
+        return dtype != torch.bfloat16 and max(n, m) <= 257 and (n * m <= 257 * 5 or dtype == torch.float32)
+    return True
 
 
-@pytest.mark.parametrize("entry", _gram_entries())
-@pytest.mark.parametrize("kind,data,n,m,D", GRAM_ROWS)
-@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype,kind,data,n,m,D,entry", table(
+    ALL_DTYPES, (5, GRAM_ROWS), entries("rbf_gram", names=("reference", "native", "triton-cpu", "triton-cuda")),
+    keep=_gram_runs))
 def test_rbf_gram_matches_float64_on_every_backend(entry, kind, data, n, m, D, dtype, request, seed):
     """Shape and dtype; the symmetric Gram exactly symmetric with a unit diagonal; the centred one
     exactly symmetric from Triton's kernel, with columns summing to 0 from the public op; values
     within the bound of the oracle."""
     half = dtype in (torch.float16, torch.bfloat16)
-    if half and not entry.startswith("triton"):
-        pytest.skip("half inputs through the public op: test_rbf_gram_half_inputs_return_half")
-    if entry == "triton-cpu" and dtype == torch.bfloat16:
-        pytest.skip("bfloat16 tl.dot is wrong in the Triton interpreter: GPU only")
-    if entry == "triton-cpu" and max(n, m) > 257:
-        pytest.skip("over 257 rows takes Triton's interpreter too long: GPU only")
-    if entry == "triton-cpu" and n * m > 257 * 5 and dtype != torch.float32:
-        pytest.skip("over 257 x 5 entries runs in float32 only in the interpreter (time); all dtypes on GPU")
     X, Y, g = _gram_inputs(data, n, m, D, seed)
     # the native kernel's (offset) rows keep their oracle on the unrounded float64 inputs (float32 /
     # float64, as that test ran them); elsewhere the oracle sees the rounded inputs
@@ -170,19 +169,17 @@ def _triton_matmul(device, X, Y, V, g):
         _common.empty = orig
 
 
-def _matmul_entries():
-    skip = no_native("rbf_matmul")
-    return [pytest.param("reference", id="reference"),
-            pytest.param("native", id="native", marks=skip),
-            pytest.param("native-direct", id="native-direct", marks=skip)] + triton_entries()
+def _matmul_runs(dtype, data, n, m, D, p, entry):
+    """Triton's interpreter takes at most 257 x 257 entries in float32 and 257 x 40 in float64
+    (time); every case runs on a GPU (triton-cuda)."""
+    return entry != "triton-cpu" or n * m <= (257 * 257 if dtype == torch.float32 else 257 * 40)
 
 
-@pytest.mark.parametrize("entry", _matmul_entries())
-@pytest.mark.parametrize("data,n,m,D,p", [pytest.param(*r, id="%s-n%d-m%d-D%d-p%d" % r) for r in MATMUL_ROWS])
-@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("dtype,data,n,m,D,p,entry", table(
+    FLOATS, (5, [pytest.param(*r, id="%s-n%d-m%d-D%d-p%d" % r) for r in MATMUL_ROWS]),
+    entries("rbf_matmul", names=("reference", "native", "native-direct", "triton-cpu", "triton-cuda")),
+    keep=_matmul_runs))
 def test_rbf_matmul_matches_float64_on_every_backend(entry, data, n, m, D, p, dtype, request, seed):
-    if entry == "triton-cpu" and (n * m > 257 * 257 or (dtype != torch.float32 and n * m > 257 * 40)):
-        pytest.skip("too large for Triton's interpreter in this dtype (time): GPU only")
     gen = torch.Generator().manual_seed(seed)
     X = torch.randn(n, D, generator=gen, dtype=torch.float64)
     Y = torch.randn(m, D, generator=gen, dtype=torch.float64) + (0.5 if data == "positive-shifted" else 0.0)

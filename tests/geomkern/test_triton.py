@@ -6,7 +6,7 @@ comparison, and bounds |out - ref| / |ref| per dtype against the float64 referen
 the same rounded inputs.
 
 How the CPU cases run: Triton decides between compiling and interpreting when a kernel is
-decorated, i.e. when geomkern.backends.triton is imported -- and conftest has already imported it
+decorated, i.e. when geomkern.backends.triton is imported -- and conftest.py has already imported it
 (compiled) by the time this module is collected. Setting TRITON_INTERPRET=1 here would also leak
 into every other test module (their ``backend`` fixture would then interpret Triton on their
 large sizes). So the CPU cases run in one worker subprocess started with TRITON_INTERPRET=1
@@ -33,7 +33,7 @@ import torch
 triton = pytest.importorskip("triton", reason="triton is not importable here: pip install triton")
 
 import geomkern as gk  # noqa: E402
-from conftest import DEVICES, HALF_TOL, TOL, assert_close_rel, offsets_from_sizes  # noqa: E402
+from _oracle import DEVICES, HALF_TOL, TOL, assert_close_rel, offsets_from_sizes, table  # noqa: E402
 from geomkern.backends.triton import _common  # noqa: E402
 from geomkern.backends.triton import kmeans as tkmeans  # noqa: E402
 from geomkern.backends.triton import kpca as tkpca  # noqa: E402
@@ -55,15 +55,6 @@ FLOAT_DTYPES = (torch.float32, torch.float64)
 def run(triton_run):
     """run(check, device, *args): the check on CUDA here, on CPU in the interpreter worker."""
     return triton_run
-
-
-def _skip_unsupported(device, dtype=None, precision="ieee"):
-    if device == "cpu" and dtype == torch.bfloat16:
-        pytest.skip("bfloat16 tl.dot is wrong in the Triton interpreter (the launchers feed it "
-                    "float32 there), so a CPU run would not test the bf16 kernel: GPU only")
-    if device == "cpu" and precision == "tf32":
-        pytest.skip("TF32 does not exist in the Triton interpreter (numpy computes in float32): "
-                    "GPU only")
 
 
 @contextlib.contextmanager
@@ -202,9 +193,10 @@ def _check_dispatch(device):
 # were here among its rows. Here the precisions only the Triton kernels have.
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_rbf_gram_tf32(device, seed, run):
-    _skip_unsupported(device, torch.float32, "tf32")
+@pytest.mark.gpu
+def test_rbf_gram_tf32(seed, run):
+    """TF32 does not exist in the Triton interpreter (numpy computes in float32): on a GPU only."""
+    device = "cuda"
     run(_check_rbf_gram_symmetric, device, torch.float32, 300, 64, False, "tf32", seed)
     run(_check_rbf_gram_cross, device, torch.float32, 300, 100, 512, "tf32", seed)
     run(_check_rbf_matmul, device, torch.float32, 300, 200, 16, 512, "tf32", seed)
@@ -290,8 +282,6 @@ def test_triton_launchers_are_torch_operators(device, seed, run):
 def test_triton_operators_compile_fullgraph(seed):
     """On a GPU, torch.compile(fullgraph=True) over the triton_op operators (their kernels inside
     the graph, wrap_triton) matches eager mode."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     for op, _ in _triton_op_cases("cuda", seed):
         eager = op()
         compiled = torch.compile(op, fullgraph=True)()
@@ -378,16 +368,14 @@ def _launch_cases(dtype):
 _HALF_CASES = ("rbf_gram_centred", "rbf_gram_cross")
 
 
-@pytest.mark.parametrize("case", list(_launch_cases(torch.float32)))
-@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
-def test_kernels_compile_for_sm90(dtype, case, request):
+# only rbf_gram takes float16/bfloat16; the float64 and half compiles take ~1 min in all (slow)
+@pytest.mark.skipif(IN_INTERPRETER, reason="kernels are interpreted in this process (TRITON_INTERPRET=1)")
+@pytest.mark.parametrize("dtype,case", table(
+    [pytest.param(d, id=str(d), marks=[] if d == torch.float32 else [pytest.mark.slow]) for d in ALL_DTYPES],
+    list(_launch_cases(torch.float32)),
+    keep=lambda dtype, case: dtype not in (torch.float16, torch.bfloat16) or case in _HALF_CASES))
+def test_kernels_compile_for_sm90(dtype, case):
     """What the launchers launch compiles for an H100 and fits its shared memory."""
-    if IN_INTERPRETER:
-        pytest.skip("kernels are interpreted in this process (TRITON_INTERPRET=1)")
-    if dtype in (torch.float16, torch.bfloat16) and case not in _HALF_CASES:
-        pytest.skip("only rbf_gram takes float16/bfloat16")
-    if dtype != torch.float32 and not request.config.getoption("--runslow"):
-        pytest.skip("float64/half compiles take ~1 min in all: opt in with --runslow")
     with _captured_launches() as launches, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -427,6 +415,8 @@ def _kernels():
     return out
 
 
+@pytest.mark.skipif(IN_INTERPRETER, reason="Inductor copies compiled kernels (JITFunction); this process "
+                                            "interprets them")
 @pytest.mark.parametrize("name", sorted(_kernels()))
 def test_kernels_stand_alone_as_inductor_copies_them(name, tmp_path):
     """torch.compile on a GPU compiles a copy of each kernel: Inductor writes the kernel's source,
@@ -435,8 +425,6 @@ def test_kernels_stand_alone_as_inductor_copies_them(name, tmp_path):
     source_code). A kernel that reaches a helper through a module alias (``C.mma``) compiled in
     eager mode but not under torch.compile (H100, GPU session 11: "C is not defined"). Here, on
     CPU: exec that copy as Inductor does and check every global name each function in it reads."""
-    if IN_INTERPRETER:
-        pytest.skip("Inductor copies compiled kernels (JITFunction); this process interprets them")
     import builtins
     import dis
     import importlib.util

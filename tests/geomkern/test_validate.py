@@ -500,7 +500,7 @@ def test_non_contiguous_second_operands_handled():
 # ----- the shared test helpers fail when they should --------------------------------------------
 
 def test_assert_close_rel_reports_and_fails():
-    from conftest import assert_close_rel, match_signs, rel_error
+    from _oracle import assert_close_rel, match_signs, rel_error
     ref = np.array([[1.0, 2.0], [3.0, 4.0]])
     assert_close_rel(ref * (1 + 1e-12), ref, 1e-10)
     with pytest.raises(AssertionError, match=r"relative error .* first at \(1, 0\)"):
