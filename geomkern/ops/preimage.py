@@ -167,7 +167,7 @@ def _problem_meta(Z0, B, targets, proj, *, coordinates: bool):
             raise ValueError(f"proj must have shape ({d}, {S}) or ({b}, {d}, {S}) to match "
                              f"targets (b, d) and B (S, D), got {tuple(proj.shape)}")
     elif targets.shape[1] != S:
-        raise ValueError(f"targets must have one column per basis point (S={S}), "
+        raise ValueError(f"targets must have one column per basis point (S={S}), one per row of B, "
                          f"got shape {tuple(targets.shape)}")
     return Z0, B, targets, proj
 

@@ -1,0 +1,302 @@
+"""Hostile inputs for the five ops that are torch operators (issue 44, item 2, first slice).
+
+Hypothesis (derandomized by the project's profile, tests/conftest.py) starts from a good call of
+``rbf_gram``, ``rbf_matmul``, ``kmeans``, ``kpca_transform`` and ``preimage``
+(tests/geomkern/_operator_specs.py) and replaces up to two arguments with hostile values: NaN,
+Inf, overflowing or tiny entries, empty, wrong rank, wrong or mixed dtype, lists and arrays for
+tensors, gradients, non-contiguous views; zero, negative, fractional, boolean, textual and
+beyond-int64 counts; unknown names; broken offsets and segments. Every case must end in one of
+two ways, by the public function and, where the values fit the operator's schema, by
+``torch.ops.geomkern.<name>`` alike:
+
+* a result that is correct: against a float64 evaluation of the op's formula (Grams, kernel
+  products, kernel-PC scores), the reference backend in float64 (pre-images), or its invariants
+  (K-Means: labels in range, finite centers and inertia);
+* a ValueError or TypeError whose message names an argument that was changed.
+
+Anything else fails: another exception, a wrong or non-finite result, an operator that answers
+otherwise than the function. The reference backend runs in this process; the native backend
+(compiled code, where a bad input could crash the process instead of raising) runs the same cases
+in a child process with a timeout, so a crash is a failure with its signal, not a lost run.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import geomkern as gk
+from _operator_specs import SPECS
+
+CHILD = os.environ.get("GEOMKERN_HOSTILE_CHILD") == "1"
+BACKEND = "native" if CHILD else "reference"
+EXAMPLES = 40  # per op and process; ten times as many with --runslow; `make test-random` draws fresh ones
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ----- hostile values, by the kind of argument ------------------------------------------------
+# A replacement is (label, value, refuse): refuse=True is a value no op may accept (NaN, a
+# negative count, an unknown name...): returning anything for it fails the case, even a
+# plausible result. refuse=False may end either way (a float16 X, a tensor gamma, steps=0).
+
+def bad(label, value):
+    return (label, value, True)
+
+
+def ok(label, value):
+    return (label, value, False)
+
+
+def _matrices(t: torch.Tensor, *, empty_ok: bool = False, none_ok: bool = False):
+    big = 1e30 if t.dtype == torch.float32 else 1e200
+    out = [(bad, "rank-1", t[0]), (bad, "rank-3", t[None]), (bad, "int", t.long()), (bad, "bool", t > 0),
+           (bad, "complex", t.to(torch.complex64)), (bad, "requires-grad", t.clone().requires_grad_()),
+           (bad, "list", t.tolist()), (bad, "numpy", t.numpy()),
+           (ok if empty_ok else bad, "empty", t[:0]), (ok if none_ok else bad, "none", None),
+           (ok, "float16", t.half()), (ok, "bfloat16", t.bfloat16()), (ok, "float32", t.float()),
+           (ok, "non-contiguous", t.T.contiguous().T), (ok, "one-row", t[:1]), (ok, "tiny", t * 1e-30),
+           (ok, "other-D", t[:, :-1] if t.shape[1] > 1 else torch.cat([t, t], 1))]
+    for label, v in (("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), ("overflow", big)):
+        t2 = t.clone()
+        t2.view(-1)[t2.numel() // 2] = v
+        out.append((bad, label, t2))
+    return [tag(label, v) for tag, label, v in out]
+
+
+def _tagged(bads, oks):
+    return [bad(repr(v)[:40], v) for v in bads] + [ok(repr(v)[:40], v) for v in oks]
+
+
+GAMMAS = _tagged([0.0, -1.0, math.nan, math.inf, -math.inf, "0.5", None, True, torch.tensor([0.5, 0.5])],
+                 [torch.tensor(0.5), 1e300, 1e-300, 3])
+NAMES = _tagged(["fp8", "", None, "TF32X3", 3], ["ieee", "tf32"])
+METHODS = _tagged(["magic", "", None, "GD", "coordinates"], ["fixed_point"])
+LRS = _tagged([-1.0, 0.0, math.nan, math.inf, "0.1", torch.tensor(-0.1, dtype=torch.float64),
+               torch.full((2,), 0.1, dtype=torch.float64)], [0.1, torch.tensor(0.1, dtype=torch.float64)])
+
+
+def _counts(*, zero_ok: bool, huge_ok: bool = False):
+    """Counts: 2^62 is refused as k (more than the rows) and as iters, n_init or steps (the work
+    bound), not as a seed; 2^64 does not fit an int64 anywhere."""
+    oks = [1, np.int64(2)] + [0] * zero_ok + [2 ** 62] * huge_ok
+    return _tagged([-1, True, 2.5, "3", None, 2 ** 64] + [0] * (not zero_ok) + [2 ** 62] * (not huge_ok), oks)
+
+
+def _offsets(n: int):
+    h = n // 2
+    return _tagged([torch.tensor([0, h, n], dtype=torch.int32), torch.tensor([0.0, h, n]), [0, h, n],
+                    torch.tensor([0, n, h, n]), torch.tensor([0, h, h, n]), torch.tensor([0, h, n - 1]),
+                    torch.tensor([[0, h, n]]), torch.tensor([1, h, n])],
+                   [None, torch.tensor([0, n]), torch.tensor([0, h, n])])
+
+
+def _segments(b: int):
+    return _tagged([-1, 2, 0.5, True, "0", None, torch.zeros(b, dtype=torch.int32), torch.zeros(b + 1, dtype=torch.int64),
+                    torch.full((b,), 2)], [1, torch.arange(b) % 2])
+
+
+def _kinds(name: str, good: dict) -> dict:
+    """Each argument that the harness changes, with its replacements."""
+    kinds = {k: _matrices(v, empty_ok=(name, k) == ("kpca_transform", "Z"))
+             for k, v in good.items() if isinstance(v, torch.Tensor)}
+    kinds.update({"gamma": GAMMAS, "precision": NAMES})
+    if name == "rbf_gram":
+        kinds["Y"] = _matrices(SPECS["rbf_matmul"].good["Y"], none_ok=True)
+    if name == "kmeans":
+        del kinds["gamma"]
+        kinds.update(k=_counts(zero_ok=False), iters=_counts(zero_ok=True), n_init=_counts(zero_ok=False),
+                     seed=_counts(zero_ok=True, huge_ok=True), offsets=_offsets(good["X"].shape[0]))
+    if name == "kpca_transform":
+        del kinds["precision"]
+        kinds["segment"] = _segments(good["Z"].shape[0])
+    if name == "preimage":
+        kinds.update(steps=_counts(zero_ok=True), method=METHODS, lr=LRS)
+    return kinds
+
+
+@st.composite
+def hostile_calls(draw, name: str):
+    """(keywords of a public call, 'argument=replacement' labels, whether it must be refused)."""
+    kw = dict(SPECS[name].good)
+    kinds = _kinds(name, kw)
+    changed = draw(st.lists(st.sampled_from(sorted(kinds)), min_size=1, max_size=2, unique=True))
+    hostile = draw(st.booleans())  # else only values that may pass: half the cases reach a result check
+    labels, refuse = [], False
+    for arg in changed:
+        pool = [r for r in kinds[arg] if r[2] == hostile] or kinds[arg]
+        label, kw[arg], must = pool[draw(st.integers(0, len(pool) - 1))]
+        labels.append(f"{arg}={label}")
+        refuse |= must
+    return kw, labels, refuse
+
+
+# ----- what a correct result is ----------------------------------------------------------------
+
+def _tol(dtype: torch.dtype) -> float:
+    return {torch.float64: 1e-9, torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}[dtype]
+
+
+def _gram64(A, Bm, gamma: float) -> torch.Tensor:
+    A, Bm = A.double(), Bm.double()
+    return torch.exp(-gamma * torch.cdist(A, Bm).square())
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, scale: float, what: str):
+    assert torch.isfinite(out).all(), f"{what}: non-finite result"
+    err = float((out.double() - ref).norm())
+    assert err <= _tol(out.dtype) * max(scale, 1e-300) * 4, f"{what}: error {err:.3g} against scale {scale:.3g}"
+
+
+def _check_result(name: str, kw: dict, out):
+    gamma = float(kw["gamma"]) if name != "kmeans" else None
+    if name == "rbf_gram":
+        X, Y = kw["X"], kw["Y"]
+        K = _gram64(X, X if Y is None else Y, gamma)
+        assert out.shape == K.shape and out.dtype == X.dtype
+        if kw.get("center"):
+            n = K.shape[0]
+            H = torch.eye(n, dtype=torch.float64) - 1.0 / n
+            K = H @ K @ H
+        _close(out, K, float(K.norm()) + 1.0, "rbf_gram")
+    elif name == "rbf_matmul":
+        K = _gram64(kw["X"], kw["Y"], gamma)
+        V = kw["V"].double()
+        assert out.shape == (kw["X"].shape[0], V.shape[1])
+        _close(out, K @ V, float(K.norm() * V.norm()), "rbf_matmul")
+    elif name == "kmeans":
+        labels, centers = out
+        X, k, off = kw["X"], int(kw["k"]), kw["offsets"]
+        assert labels.shape == (X.shape[0],) and labels.dtype == torch.int64
+        assert int(labels.min()) >= 0 and int(labels.max()) < k
+        assert centers.shape == ((k, X.shape[1]) if off is None else (off.shape[0] - 1, k, X.shape[1]))
+        assert torch.isfinite(centers).all() and torch.isfinite(out.inertia).all() and bool((out.inertia >= 0).all())
+    elif name == "kpca_transform":
+        fit, Z, X, seg = kw["fit"], kw["Z"], kw["X"], kw["segment"]
+        seg = torch.full((Z.shape[0],), seg) if not isinstance(seg, torch.Tensor) else seg
+        off = fit.offsets.tolist()
+        ref = torch.empty(Z.shape[0], fit.n_components, dtype=torch.float64)
+        for i in range(Z.shape[0]):
+            j = int(seg[i])
+            ref[i] = _gram64(Z[i:i + 1], X[off[j]:off[j + 1]], gamma)[0] @ fit.alphas[off[j]:off[j + 1]].double() \
+                - fit.mean_projection[j].double()
+        assert out.shape == ref.shape
+        _close(out, ref, float(fit.alphas.double().norm()) * max(1, Z.shape[0]) ** 0.5, "kpca_transform")
+    elif name == "preimage":
+        assert out.shape == kw["Z0"].shape and out.dtype == kw["Z0"].dtype
+        args = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kw.items()}
+        with gk.set_backend("reference"):
+            ref = SPECS["preimage"].public(args)
+        _close(out, ref, float(ref.norm()), "preimage")
+
+
+# ----- the operator form of a call --------------------------------------------------------------
+
+def _fits(value, type_name: str) -> bool:
+    """Whether ``value`` passes torch's schema parsing for an argument of type ``type_name``."""
+    if type_name.startswith("Optional["):
+        if value is None:
+            return True
+        type_name = type_name[len("Optional["):-1]
+    if type_name == "Tensor":
+        return isinstance(value, torch.Tensor)
+    if type_name == "float":
+        return type(value) in (float, int)
+    if type_name == "int":
+        return type(value) is int and -2 ** 63 <= value < 2 ** 63
+    if type_name == "bool":
+        return type(value) is bool
+    if type_name == "str":
+        return type(value) is str
+    return False
+
+
+def _operator_args(name: str, kw: dict):
+    """The operator's arguments for this call, or None where a value does not fit its schema (the
+    dispatcher refuses those before geomkern runs; the function is tested with them all the same)."""
+    try:
+        args = SPECS[name].operator_args(kw)
+    except (AttributeError, TypeError):  # e.g. a fit that is not a KPCAFit: no operator form
+        return None
+    schema = getattr(torch.ops.geomkern, name).default._schema
+    if all(_fits(a, str(s.type)) for a, s in zip(args, schema.arguments)):
+        return args
+    return None
+
+
+def _outcome(fn):
+    try:
+        return fn(), None
+    except Exception as exc:  # judged by the caller
+        return None, exc
+
+
+def _names(arg: str) -> str:
+    return rf"(?<![A-Za-z0-9_]){re.escape(arg)}(?![A-Za-z0-9_])"
+
+
+def _judge(name: str, kw: dict, labels: list, refuse: bool):
+    """``labels``: 'argument=replacement' for each argument changed; ``refuse``: whether one of
+    the replacements must be refused."""
+    spec, changed = SPECS[name], labels
+    args = [label.split("=", 1)[0] for label in labels]
+    out, exc = _outcome(lambda: spec.public(kw))
+    op_args = _operator_args(name, kw)
+    if exc is not None:
+        assert type(exc) in (ValueError, TypeError), f"{name} {changed}: {type(exc).__name__}: {exc}"
+        assert any(re.search(_names(a), str(exc)) for a in args), f"{name} {changed}: not named in: {exc}"
+        if op_args is not None:
+            _, op_exc = _outcome(lambda: getattr(torch.ops.geomkern, name)(*op_args))
+            assert type(op_exc) is type(exc) and str(op_exc) == str(exc), \
+                f"{name} {changed}: operator answered {type(op_exc).__name__}: {op_exc}; function: {exc}"
+        return
+    assert not refuse, f"{name} {changed}: accepted (returned a result instead of refusing)"
+    _check_result(name, kw, out)
+    if op_args is not None:
+        op_out = getattr(torch.ops.geomkern, name)(*op_args)
+        mine = list(out) if isinstance(out, tuple) else [out]
+        theirs = list(op_out) if isinstance(op_out, (tuple, list)) else [op_out]
+        if name == "kmeans" and kw["offsets"] is None:
+            theirs = [theirs[0], theirs[1][0]]
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a, b), f"{name} {changed}: the operator's result differs from the function's"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_hostile_calls(name, request):
+    examples = EXAMPLES * (10 if request.config.getoption("--runslow") else 1)
+
+    @settings(max_examples=examples, deadline=None)  # the first calls import torch._dynamo
+    @given(hostile_calls(name))
+    def run(case):
+        _judge(name, *case)
+
+    with gk.set_backend(BACKEND):
+        run()
+
+
+@pytest.mark.skipif(CHILD, reason="the child itself")
+@pytest.mark.skipif(bool(gk.why_not("native", "cpu")), reason="the native CPU backend is not built")
+def test_hostile_calls_on_the_native_backend_in_a_child(request):
+    """The same cases on the compiled CPU kernels, in a child process with a timeout: a crash
+    (a signal) or a hang fails here with the child's output."""
+    # kpca_transform has no native kernel (its body is torch): the child runs the other four
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"{__file__}::test_hostile_calls",
+           "-k", "not kpca_transform"]
+    cmd += ["--runslow"] * request.config.getoption("--runslow")
+    env = {**os.environ, "GEOMKERN_HOSTILE_CHILD": "1"}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the native-backend child hung (over {exc.timeout} s): {exc.stdout}")
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, (f"native-backend child ended with {proc.returncode}"
+                                  f"{' (killed by signal %d)' % -proc.returncode if proc.returncode < 0 else ''}:\n{tail}")
