@@ -36,13 +36,7 @@ def too_long(text: str) -> list[str]:
     return out
 
 
-# docs/flic.md is being rewritten; its lines come under the rule when it is converted
-_PENDING = {ROOT / "docs" / "flic.md"}
-
-
-@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="being converted"))
-                                  if p in _PENDING else p for p in PAGES],
-                         ids=[str(p.relative_to(ROOT)) for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_no_line_over_its_limit(page):
     long = too_long(page.read_text())
     assert not long, f"{page.relative_to(ROOT)}:\n" + "\n".join(long)
