@@ -1,7 +1,7 @@
 """The CUDA C++ kernels (geomkern._C_cuda, csrc/cuda/) against float64 oracles on a GPU, and their
 registration with the dispatcher.
 
-GPU tests (marked ``gpu``; skipped without a CUDA device, or when _C_cuda was not built):
+GPU tests (marked ``gpu``; left out without a CUDA device, skipped when _C_cuda was not built):
   * Jacobi eigh on random symmetric matrices: the eigh oracle table (tests/geomkern/test_eigh.py,
     entry cuda: 500 of 100 x 100, 64 of 512 x 512 through the global workspace, odd sizes 1, 7,
     33, 257); here centred RBF Grams and the public gk.eigh under the native backend;
