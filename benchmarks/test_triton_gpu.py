@@ -48,7 +48,7 @@ from geomkern.ops import rbf as rrbf  # noqa: E402
 SUITE = "triton_gpu"
 DEV = "cuda"
 ROUNDS = 5
-# relative error bounds: float32's (tests/conftest.py TOL) for ieee and tf32x3; one TF32 pass
+# relative error bounds: float32's (tests/geomkern/_oracle.py TOL) for ieee and tf32x3; one TF32 pass
 # measured 3.1e-3 (Gram) and 7.3e-4 (rbf_matmul) on an H100
 TOL = {"ieee": 1e-5, "tf32x3": 1e-5, "tf32": 1e-2}
 

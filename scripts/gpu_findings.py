@@ -124,7 +124,7 @@ def tf32_symmetric(emit) -> None:
 
 def kpca_eigenvalues(emit, seeds) -> None:
     import geomkern as gk
-    from conftest import offsets_from_sizes
+    from _oracle import offsets_from_sizes
     from geomkern.backends.triton import kpca as tkpca
     from geomkern.ops import kpca as rkpca
     from test_kpca import separated_cluster

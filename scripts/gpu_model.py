@@ -107,7 +107,7 @@ How a launch is modelled
 
 Roofline (``roofline``): the op's own limit, whatever the kernel: max(its minimum flops at the
 fastest precision that meets its accuracy bound, its minimum HBM bytes / 3.35 TB/s, its exps /
-MUFU rate). geomkern's float32 bound is 1e-5 relative to float64 (tests/conftest.py TOL): one TF32
+MUFU rate). geomkern's float32 bound is 1e-5 relative to float64 (tests/geomkern/_oracle.py TOL): one TF32
 pass (~3e-4) does not meet it, 3xTF32 (three TF32 products: hi*hi + hi*lo + lo*hi) does, so float32
 dots are priced at 495 / 3 = 165 TF/s (a split-bf16 scheme meeting 1e-5 needs six bf16 products:
 989 / 6, no faster). float64 is priced at the DMMA rate (67 TF/s). ``roofline_tf32`` (one TF32
