@@ -231,14 +231,16 @@ def _physical_memory(device: torch.device) -> int | None:
     return None
 
 
-def allocation(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+def allocation(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+               dims: str = "") -> None:
     """Refuse an output larger than the device's memory before allocating it (torch would
-    either fail with an allocator message that names no argument or make the machine swap)."""
+    either fail with an allocator message that names no argument or make the machine swap).
+    ``dims`` says where the sizes come from (e.g. "n_classes x D x D"), for the message."""
     nbytes = math.prod(int(s) for s in shape) * torch.empty((), dtype=dtype).element_size()
     total = _physical_memory(device)
     if total is not None and nbytes > total:
         raise ValueError(f"{name} would need {_human(nbytes)} ({tuple(shape)} "
-                         f"{str(dtype).replace('torch.', '')}) but {device.type} has "
+                         f"{str(dtype).replace('torch.', '')}{': ' + dims if dims else ''}) but {device.type} has "
                          f"{_human(total)} in all; split the input into smaller calls")
 
 

@@ -37,7 +37,8 @@ def class_moments(X: torch.Tensor, y: torch.Tensor, n_classes: int):
     X = _validate.tensor("X", X, ndim=2, allow_empty=True)
     C = _validate.positive_int("n_classes", n_classes)
     y = _validate.labels("y", y, X.shape[0], C, device=X.device)
-    _validate.allocation("the class covariances", (C, X.shape[1], X.shape[1]), X.dtype, X.device)
+    _validate.allocation("the class covariances", (C, X.shape[1], X.shape[1]), X.dtype, X.device,
+                         dims="n_classes x D x D, D the columns of X")
     return _dispatch.implementation("class_moments", X.device.type)(X, y, C)
 
 

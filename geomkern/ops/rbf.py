@@ -267,6 +267,7 @@ def median_gamma(X: torch.Tensor, *, max_points: int = 2048, seed: int = 0) -> f
     if X.shape[0] < 2:
         raise ValueError(f"median_gamma needs at least 2 rows in X, got {X.shape[0]}")
     max_points = _validate.positive_int("max_points", max_points, minimum=2)
+    seed = _validate.positive_int("seed", seed, minimum=0, maximum=_validate.INT64_MAX)
     Xc = X.double()
     if Xc.shape[0] > max_points:
         gen = torch.Generator().manual_seed(int(seed))

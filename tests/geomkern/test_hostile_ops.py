@@ -35,7 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import geomkern as gk
-from _operator_specs import SPECS
+from _operator_specs import OFF, SPECS, X
 
 CHILD = os.environ.get("GEOMKERN_HOSTILE_CHILD") == "1"
 BACKEND = "native" if CHILD else "reference"
@@ -123,11 +123,46 @@ def _kinds(name: str, good: dict) -> dict:
     return kinds
 
 
+# Public ops that are not operators: a good call, the call, and each changed argument's replacements.
+_A = torch.randn(6, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+SPD = _A @ _A.T + torch.eye(6, dtype=torch.float64)
+Y_LABELS = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 0, 0, 1, 1])
+FUNCTIONS = {
+    "kpca": (dict(X=X, offsets=OFF, n_components=2, gamma=0.5, solver="auto", precision="tf32x3"),
+             lambda kw: gk.kpca(kw["X"], kw["offsets"], n_components=kw["n_components"], gamma=kw["gamma"],
+                                solver=kw["solver"], precision=kw["precision"])),
+    "eigh": (dict(A=SPD, k=3), lambda kw: gk.eigh(kw["A"], k=kw["k"])),
+    "class_moments": (dict(X=X, y=Y_LABELS, n_classes=3), lambda kw: gk.class_moments(kw["X"], kw["y"], kw["n_classes"])),
+    "median_gamma": (dict(X=X, max_points=2048, seed=0),
+                     lambda kw: gk.median_gamma(kw["X"], max_points=kw["max_points"], seed=kw["seed"])),
+}
+
+
+def _function_kinds(name: str, good: dict) -> dict:
+    kinds = {k: _matrices(v) for k, v in good.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if name == "kpca":
+        kinds.update(gamma=GAMMAS, precision=NAMES, offsets=_offsets(good["X"].shape[0]),
+                     n_components=_counts(zero_ok=False),
+                     solver=_tagged(["magic", "", None, "DENSE", 3], ["dense", "subspace", "matrix_free"]))
+    if name == "eigh":
+        kinds["k"] = [r for r in _counts(zero_ok=False) if r[1] is not None] + [ok("None", None)]
+        kinds["A"] += [bad("asymmetric", SPD + torch.triu(torch.ones_like(SPD), 1))]
+    if name == "class_moments":
+        y = Y_LABELS
+        kinds["n_classes"] = _counts(zero_ok=False)
+        kinds["y"] = _tagged([y.double(), y.bool(), y + 3, y - 1, y[:-1], y.tolist(), None], [y.int(), y.to(torch.uint8)])
+    if name == "median_gamma":
+        kinds["X"] = [r for r in kinds["X"] if r[0] != "one-row"] + [bad("one-row", X[:1]), bad("equal-rows", X[:1].repeat(4, 1))]
+        kinds.update(max_points=_counts(zero_ok=False, huge_ok=True) + [bad("1", 1), ok("5", 5)],
+                     seed=_counts(zero_ok=True, huge_ok=True))
+    return kinds
+
+
 @st.composite
 def hostile_calls(draw, name: str):
     """(keywords of a public call, 'argument=replacement' labels, whether it must be refused)."""
-    kw = dict(SPECS[name].good)
-    kinds = _kinds(name, kw)
+    kw = dict(SPECS[name].good if name in SPECS else FUNCTIONS[name][0])
+    kinds = _kinds(name, kw) if name in SPECS else _function_kinds(name, kw)
     changed = draw(st.lists(st.sampled_from(sorted(kinds)), min_size=1, max_size=2, unique=True))
     hostile = draw(st.booleans())  # else only values that may pass: half the cases reach a result check
     labels, refuse = [], False
@@ -157,7 +192,7 @@ def _close(out: torch.Tensor, ref: torch.Tensor, scale: float, what: str):
 
 
 def _check_result(name: str, kw: dict, out):
-    gamma = float(kw["gamma"]) if name != "kmeans" else None
+    gamma = float(kw["gamma"]) if "gamma" in kw else None
     if name == "rbf_gram":
         X, Y = kw["X"], kw["Y"]
         K = _gram64(X, X if Y is None else Y, gamma)
@@ -190,6 +225,38 @@ def _check_result(name: str, kw: dict, out):
                 - fit.mean_projection[j].double()
         assert out.shape == ref.shape
         _close(out, ref, float(fit.alphas.double().norm()) * max(1, Z.shape[0]) ** 0.5, "kpca_transform")
+    elif name == "kpca":
+        Xd, off, d = kw["X"].double(), kw["offsets"], int(kw["n_components"])
+        off = [0, Xd.shape[0]] if off is None else off.tolist()
+        for j in range(len(off) - 1):
+            K = _gram64(Xd[off[j]:off[j + 1]], Xd[off[j]:off[j + 1]], gamma)
+            n = K.shape[0]
+            H = torch.eye(n, dtype=torch.float64) - 1.0 / n
+            mu = torch.linalg.eigvalsh(H @ K @ H).flip(0)[:d].clamp_min(0)
+            _close(out.eigenvalues[j], mu, float(K.norm()), f"kpca cluster {j} eigenvalues")
+    elif name == "eigh":
+        vals, vecs = out
+        A = kw["A"].double()
+        k = A.shape[-1] if kw["k"] is None else int(kw["k"])
+        _close(vals, torch.linalg.eigvalsh(A).flip(-1)[..., :k], float(A.norm()), "eigh eigenvalues")
+        _close(vecs * vals.unsqueeze(-2), A @ vecs.double(), float(A.norm()), "eigh vectors")  # A v = lambda v
+    elif name == "class_moments":
+        counts, means, covs = out
+        Xd, y, C = kw["X"].double(), kw["y"].long(), int(kw["n_classes"])
+        assert torch.equal(counts, torch.bincount(y, minlength=C))
+        for c in range(C):
+            rows = Xd[y == c]
+            if rows.shape[0]:
+                mu = rows.mean(0)
+                _close(means[c], mu, float(rows.norm()) + 1.0, "class_moments means")
+                _close(covs[c], (rows - mu).T @ (rows - mu) / rows.shape[0], float(rows.norm()) ** 2 + 1.0,
+                       "class_moments covariances")
+    elif name == "median_gamma":
+        Xd = kw["X"].double()
+        assert Xd.shape[0] <= int(kw["max_points"]) or isinstance(out, float)
+        if Xd.shape[0] <= int(kw["max_points"]):
+            want = 1.0 / float(torch.quantile(torch.pdist(Xd).square(), 0.5))
+            assert math.isclose(out, want, rel_tol=1e-9), f"median_gamma {out} != {want}"
     elif name == "preimage":
         assert out.shape == kw["Z0"].shape and out.dtype == kw["Z0"].dtype
         args = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kw.items()}
@@ -246,10 +313,11 @@ def _names(arg: str) -> str:
 def _judge(name: str, kw: dict, labels: list, refuse: bool):
     """``labels``: 'argument=replacement' for each argument changed; ``refuse``: whether one of
     the replacements must be refused."""
-    spec, changed = SPECS[name], labels
+    changed = labels
     args = [label.split("=", 1)[0] for label in labels]
-    out, exc = _outcome(lambda: spec.public(kw))
-    op_args = _operator_args(name, kw)
+    call = SPECS[name].public if name in SPECS else FUNCTIONS[name][1]
+    out, exc = _outcome(lambda: call(kw))
+    op_args = _operator_args(name, kw) if name in SPECS else None
     if exc is not None:
         assert type(exc) in (ValueError, TypeError), f"{name} {changed}: {type(exc).__name__}: {exc}"
         assert any(re.search(_names(a), str(exc)) for a in args), f"{name} {changed}: not named in: {exc}"
@@ -270,7 +338,7 @@ def _judge(name: str, kw: dict, labels: list, refuse: bool):
             assert torch.equal(a, b), f"{name} {changed}: the operator's result differs from the function's"
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("name", sorted(SPECS) + sorted(FUNCTIONS))
 def test_hostile_calls(name, request):
     examples = EXAMPLES * (10 if request.config.getoption("--runslow") else 1)
 
@@ -288,9 +356,10 @@ def test_hostile_calls(name, request):
 def test_hostile_calls_on_the_native_backend_in_a_child(request):
     """The same cases on the compiled CPU kernels, in a child process with a timeout: a crash
     (a signal) or a hang fails here with the child's output."""
-    # kpca_transform has no native kernel (its body is torch): the child runs the other four
+    # the ops with a native CPU kernel (kpca_transform's body is torch; kpca's Grams run natively)
+    native = " or ".join(f"[{n}]" for n in ("kmeans", "kpca", "preimage", "rbf_gram", "rbf_matmul"))
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", f"{__file__}::test_hostile_calls",
-           "-k", "not kpca_transform"]
+           "-k", native]
     cmd += ["--runslow"] * request.config.getoption("--runslow")
     env = {**os.environ, "GEOMKERN_HOSTILE_CHILD": "1"}
     try:
