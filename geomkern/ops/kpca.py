@@ -376,7 +376,8 @@ def kpca(X: torch.Tensor, offsets: torch.Tensor | None = None, *, n_components: 
     sizes = (offsets[1:] - offsets[:-1]).cpu()
     if int(sizes.min()) < d:
         j = int(sizes.argmin())
-        raise ValueError(f"n_components={d} is larger than cluster {j}'s size {int(sizes[j])}; "
+        raise ValueError(f"n_components={d} is larger than cluster {j}'s size {int(sizes[j])} (rows "
+                         f"offsets[{j}]:offsets[{j + 1}] of X); "
                          "lower n_components or merge small clusters")
     mu, alphas, mean_proj = _kpca(X, offsets, d, g, solver, p)
     n = sizes.to(device=X.device, dtype=X.dtype).unsqueeze(1)

@@ -146,6 +146,7 @@ def _function_kinds(name: str, good: dict) -> dict:
                      solver=_tagged(["magic", "", None, "DENSE", 3], ["dense", "subspace", "matrix_free"]))
     if name == "eigh":
         kinds["k"] = [r for r in _counts(zero_ok=False) if r[1] is not None] + [ok("None", None)]
+        kinds["A"] = [ok(r[0], r[1]) if r[0] == "rank-3" else r for r in kinds["A"]]  # eigh is batched
         kinds["A"] += [bad("asymmetric", SPD + torch.triu(torch.ones_like(SPD), 1))]
     if name == "class_moments":
         y = Y_LABELS
@@ -153,7 +154,9 @@ def _function_kinds(name: str, good: dict) -> dict:
         kinds["y"] = _tagged([y.double(), y.bool(), y + 3, y - 1, y[:-1], y.tolist(), None], [y.int(), y.to(torch.uint8)])
     if name == "median_gamma":
         kinds["X"] = [r for r in kinds["X"] if r[0] != "one-row"] + [bad("one-row", X[:1]), bad("equal-rows", X[:1].repeat(4, 1))]
-        kinds.update(max_points=_counts(zero_ok=False, huge_ok=True) + [bad("1", 1), ok("5", 5)],
+        # max_points bounds a subset: any size from 2 up is a size (2^64 too: no subset)
+        kinds.update(max_points=[r if r[1] != 2 ** 64 else ok(r[0], r[1]) for r in _counts(zero_ok=False, huge_ok=True)]
+                     + [bad("1", 1), ok("5", 5)],
                      seed=_counts(zero_ok=True, huge_ok=True))
     return kinds
 
