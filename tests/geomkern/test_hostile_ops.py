@@ -35,7 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import geomkern as gk
-from _operator_specs import OFF, SPECS, X
+from _operator_specs import B, FIT, OFF, SPECS, X
 
 CHILD = os.environ.get("GEOMKERN_HOSTILE_CHILD") == "1"
 BACKEND = "native" if CHILD else "reference"
@@ -133,6 +133,10 @@ FUNCTIONS = {
                                 solver=kw["solver"], precision=kw["precision"])),
     "eigh": (dict(A=SPD, k=3), lambda kw: gk.eigh(kw["A"], k=kw["k"])),
     "class_moments": (dict(X=X, y=Y_LABELS, n_classes=3), lambda kw: gk.class_moments(kw["X"], kw["y"], kw["n_classes"])),
+    "project_onto_basis": (dict(X=X, fit=FIT, B=B, gamma=0.5, precision="tf32x3"),
+                           lambda kw: gk.project_onto_basis(kw["X"], kw["fit"], kw["B"], gamma=kw["gamma"],
+                                                            precision=kw["precision"])),
+    "sqrtm_psd": (dict(A=SPD), lambda kw: gk.sqrtm_psd(kw["A"])),
     "median_gamma": (dict(X=X, max_points=2048, seed=0),
                      lambda kw: gk.median_gamma(kw["X"], max_points=kw["max_points"], seed=kw["seed"])),
 }
@@ -148,6 +152,11 @@ def _function_kinds(name: str, good: dict) -> dict:
         kinds["k"] = [r for r in _counts(zero_ok=False) if r[1] is not None] + [ok("None", None)]
         kinds["A"] = [ok(r[0], r[1]) if r[0] == "rank-3" else r for r in kinds["A"]]  # eigh is batched
         kinds["A"] += [bad("asymmetric", SPD + torch.triu(torch.ones_like(SPD), 1))]
+    if name == "project_onto_basis":
+        kinds.update(gamma=GAMMAS, precision=NAMES)
+    if name == "sqrtm_psd":  # batched and differentiable
+        kinds["A"] = [ok(r[0], r[1]) if r[0] in ("rank-3", "requires-grad") else r for r in kinds["A"]]
+        kinds["A"] += [bad("negative-definite", -SPD)]
     if name == "class_moments":
         y = Y_LABELS
         kinds["n_classes"] = _counts(zero_ok=False)
@@ -254,6 +263,17 @@ def _check_result(name: str, kw: dict, out):
                 _close(means[c], mu, float(rows.norm()) + 1.0, "class_moments means")
                 _close(covs[c], (rows - mu).T @ (rows - mu) / rows.shape[0], float(rows.norm()) ** 2 + 1.0,
                        "class_moments covariances")
+    elif name == "project_onto_basis":
+        fit, Xd, Bd = kw["fit"], kw["X"].double(), kw["B"].double()
+        off = fit.offsets.tolist()
+        for j in range(len(off) - 1):
+            alphas = fit.alphas[off[j]:off[j + 1]].double()
+            K = _gram64(Xd[off[j]:off[j + 1]], Bd, gamma)
+            _close(out[j], alphas.T @ K, float(alphas.norm() * K.norm()), f"project_onto_basis cluster {j}")
+    elif name == "sqrtm_psd":
+        A, R = kw["A"].detach().double(), out.detach()
+        _close(R @ R, A, float(A.norm()) * 10, "sqrtm_psd R @ R")
+        _close(R, R.mT.double(), float(R.norm()), "sqrtm_psd symmetry")
     elif name == "median_gamma":
         Xd = kw["X"].double()
         assert Xd.shape[0] <= int(kw["max_points"]) or isinstance(out, float)
