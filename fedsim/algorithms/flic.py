@@ -21,8 +21,11 @@ Optional (``anchor_ce`` > 0, default 0; the official code has such a term, the i
 text does not): the loss also adds anchor_ce * CE of representation + head on one sample drawn
 from the anchor of each row's class, so the shared representation learns the anchors' classes.
 
-Optional (``align_epochs`` > 0, default 0; also the official code's, not the issue's): at its
-first participation a client first fits phi_i to the anchors alone (W2 term only, full batch).
+``align_epochs`` (default 300; the official code's alignment phase, not in the issue's method
+text): at its first participation a client first fits phi_i to the anchors alone (W2 term only,
+that many full-batch steps). The default was chosen on validation rows (studies/flic-defaults/,
+docs/flic.md "FLIC's defaults"): at fedsim's run defaults it was the one FLIC setting that moved
+FLIC against Local (-4.1 points without it, +20.9 with it); 0 turns it off.
 
 Optional (``anchor_cov = "fixed"``, default "learned"): the anchors keep Sigma_c = anchor_var * I,
 only their means move (the count-weighted mean of the clients' class means, which is the W2
@@ -74,7 +77,7 @@ class FLIC(PersonalAlgorithm):
     # "fixed" (Sigma_c = anchor_var * I throughout, the barycentre then the count-weighted mean of
     # the class means: the paper's anchors, learnable means with identity covariance)
     defaults = {**PersonalAlgorithm.defaults, "lam": 0.1, "ridge": 1e-2, "anchor_scale": 1.0, "anchor_var": 0.1,
-                "anchor_ce": 0.0, "align_epochs": 0, "max_grad_norm": 0.0, "anchor_cov": "learned"}
+                "anchor_ce": 0.0, "align_epochs": 300, "max_grad_norm": 0.0, "anchor_cov": "learned"}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)
@@ -139,8 +142,14 @@ class FLIC(PersonalAlgorithm):
         opt = torch.optim.Adam(embed.parameters(), lr=ctx.lr) if self.hp["optimizer"] == "adam" else \
             torch.optim.SGD(embed.parameters(), lr=ctx.lr, momentum=ctx.momentum)
         x, y = ctx.real()
-        for _ in range(self.hp["align_epochs"]):
-            loss = self._alignment(ctx, y, embed(x))
+        for step in range(self.hp["align_epochs"]):
+            z = embed(x)
+            if not bool(torch.isfinite(z).all()):
+                from ..client import DivergedError  # (here: fedsim.client imports this package)
+                raise DivergedError(f"flic's alignment phase (align_epochs={self.hp['align_epochs']}, the run's lr "
+                                    f"{ctx.lr:g}) made client {ctx.cid}'s embedding non-finite at step {step + 1}; "
+                                    f"lower --lr, or --set flic.align_epochs=0 to skip the phase")
+            loss = self._alignment(ctx, y, z)
             if loss is None:
                 break
             opt.zero_grad(set_to_none=True)

@@ -1,12 +1,14 @@
 """Draw the Fig. 4-style curve (docs/flic.md) from the stored runs of fig4.sh and official.sh.
 
 Final accuracy (mean over clients) against the number of clients, one column per toy. Top: this
-project's Local, FLIC (official schedule) and HetFedRep as mean ± sd over their seeds, the official
+project's Local, FLIC and HetFedRep (the files of one fig4.sh run, ``--run``: "preset", the
+flic-paper preset since issue 43; "official-schedule", the earlier preset with the official
+schedule set by flags, docs/history.md §26) as mean ± sd over their seeds, the official
 code's Local and FLIC as its seeds' mean (final round, every client trained) with each seed as a
 dot. Bottom: each method minus Local on the same seed (same data), mean with the range over seeds,
 since the seed-to-seed spread of the levels hides the paired differences.
 
-usage: python studies/flic-schedule/fig4_plot.py [--results DIR] [--png FILE]
+usage: python studies/flic-schedule/fig4_plot.py [--results DIR] [--png FILE] [--run preset|official-schedule]
 """
 import argparse
 import json
@@ -15,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOYS = ("linear-mapping", "noisy-features")
+HETFEDREP = {"preset": "preset-hetfedrep", "official-schedule": "hetfedrep"}  # each run's HetFedRep files
 
 
 def _counts(results: Path, pattern: str) -> dict[int, Path]:
@@ -31,7 +34,7 @@ def _fedsim_acc(path: Path, method: str) -> list[float]:
     return [100 * s["final_accuracy"] for s in seeds.values()]
 
 
-def plot(results: Path, png: Path) -> None:
+def plot(results: Path, png: Path, run: str = "preset") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,11 +51,11 @@ def plot(results: Path, png: Path) -> None:
 
     for col, toy in enumerate(TOYS):
         top, bottom = axes[0][col], axes[1][col]
-        runs = _counts(results, rf"{toy}-(\d+)clients-5seeds-official-schedule\.json")
-        het = _counts(results, rf"{toy}-(\d+)clients-5seeds-hetfedrep\.json")
+        runs = _counts(results, rf"{toy}-(\d+)clients-5seeds-{run}\.json")
+        het = _counts(results, rf"{toy}-(\d+)clients-5seeds-{HETFEDREP[run]}\.json")
         local = {n: np.array(_fedsim_acc(p, "Local")) for n, p in runs.items()}
         for label, cells, method, color in (("Local", runs, "Local", "tab:gray"),
-                                            ("FLIC (official schedule)", runs, "FLIC", "tab:blue"),
+                                            (f"FLIC ({run})", runs, "FLIC", "tab:blue"),
                                             ("HetFedRep", het, "FLIC", "tab:green")):
             accs = {n: np.array(_fedsim_acc(p, method)) for n, p in cells.items()}
             if not accs:
@@ -92,7 +95,7 @@ def plot(results: Path, png: Path) -> None:
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle("flic-paper preset (T 50, r 0.1, M 10, Adam 1e-3); here 5 seeds, mean ± sd; "
+    fig.suptitle(f"flic-paper preset ({run}: T 50, r 0.1, M 10, Adam 1e-3); here 5 seeds, mean ± sd; "
                  "official code: its own toy data, reduced alignment", fontsize=9)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
@@ -104,10 +107,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", type=Path, default=ROOT / "results/flic-paper/fig4")
     ap.add_argument("--png", type=Path, default=ROOT / "docs/flic-fig4.png")
+    ap.add_argument("--run", choices=sorted(HETFEDREP), default="preset")
     args = ap.parse_args(argv)
     if not args.results.is_dir():
         ap.error(f"--results {args.results}: not a folder; run studies/flic-schedule/fig4.sh first")
-    plot(args.results, args.png)
+    plot(args.results, args.png, args.run)
     print(f"wrote {args.png}")
 
 

@@ -138,9 +138,33 @@ def test_flic_alignment_term_is_the_closed_form_w2():
 
 
 # ------------------------------------------------------------------------------ the personalised path
+# FLIC's default alignment phase (300 full-batch steps per client, docs/flic.md "FLIC's defaults")
+# would cost every small run below minutes; they align briefly instead, and
+# test_flic_default_alignment covers the default itself
+SHORT = {"align_epochs": 3}
+
+
+def test_flic_default_alignment(monkeypatch):
+    """The default FLIC aligns each client once, at its first participation, for 300 steps."""
+    flic = build_algorithm("flic")
+    assert flic.hp["align_epochs"] == 300
+    ds = linear_mapping(2, seed=0, n_spaces=2, n_train=12, n_test=4)
+    flic.setup(n_classes=ds.n_classes, embed_dim=16, seed=0, device="cpu")
+    steps = []
+    monkeypatch.setattr(FLIC, "_alignment", lambda self, ctx, y, z: steps.append(1) or z.sum() * 0)
+    c = ds.clients[0]
+    for r in (0, 1):
+        ctx = ClientContext(cid=0, round=r, model=PersonalNet(c.dim, ds.n_classes), global_params={}, x=c.x_train,
+                            y=c.y_train, n_real=c.x_train.shape[0], n_classes=ds.n_classes, lr=0.05)
+        ctx.momentum = 0.9
+        flic.begin_client(ctx)
+    assert len(steps) == 300 and flic.aligned == {0}
+
+
 def _cfg(**kw):
     base = dict(dataset="toy:linear-mapping", n_clients=6, rounds=3, local_epochs=1, batch_size=32, lr=0.05,
-                methods=[MethodSpec("Local", "local"), MethodSpec("FedRep", "fedrep"), MethodSpec("FLIC", "flic")],
+                methods=[MethodSpec("Local", "local"), MethodSpec("FedRep", "fedrep"),
+                         MethodSpec("FLIC", "flic", algorithm_params=SHORT)],
                 model="personal", model_params={"embed_dim": 4, "embed_hidden": 8, "hidden": 8})
     base.update(kw)
     return RunConfig(**base)
@@ -181,7 +205,7 @@ def test_resume_equals_uninterrupted(tmp_path):
     # FedRep (per-space groups), FLIC (anchors: server state), FLIC drawing anchor samples (random streams)
     extra = MethodSpec("FLIC-ce", "flic", algorithm_params={"anchor_ce": 0.5, "align_epochs": 5})
     # the official code's schedule, its representation starting to train after the resume point
-    first = MethodSpec("FLIC-pf", "flic", algorithm_params={"schedule": "personal-first", "rep_start_round": 2})
+    first = MethodSpec("FLIC-pf", "flic", algorithm_params={**SHORT, "schedule": "personal-first", "rep_start_round": 2})
     for spec in _cfg().methods[1:] + [extra, first]:
         a, b = tmp_path / f"a-{spec.name}", tmp_path / f"b-{spec.name}"
         straight, _ = run_personal_method(_cfg(rounds=3), spec, 0, ds, a, progress=False)
@@ -215,7 +239,8 @@ def test_personalised_results_and_table(tmp_path):
 
 def test_global_model_methods_refused_on_heterogeneous_spaces(tmp_path):
     with pytest.raises(ValueError, match="different feature spaces"):
-        run(_cfg(methods=[MethodSpec("FedAvg"), MethodSpec("FLIC", "flic")]), tmp_path / "x", progress=False)
+        run(_cfg(methods=[MethodSpec("FedAvg"), MethodSpec("FLIC", "flic", algorithm_params=SHORT)]), tmp_path / "x",
+            progress=False)
     assert not (tmp_path / "x" / "config.json").exists()
 
 
@@ -297,7 +322,7 @@ def test_flic_class_shares_only_the_anchors(tmp_path):
     net = PersonalNet(7, 5, embed_dim=4, hidden=0)
     assert not any(k.startswith("body.") for k in net.state_dict()) and net.head.in_features == 4
     ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
-    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": "personal-first", "anchor_ce": 0.5})
+    spec = MethodSpec("FLIC", "flic", algorithm_params={**SHORT, "schedule": "personal-first", "anchor_ce": 0.5})
     cfg = _cfg(rounds=2, model_params={"embed_dim": 4, "embed_hidden": 8, "hidden": 0})
     res, _ = run_personal_method(cfg, spec, 0, ds, tmp_path, progress=False)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
@@ -384,7 +409,7 @@ def test_personal_resume_refuses_other_data_or_config(tmp_path):
     like the global path's: another toy draw, another option or a damaged file is refused by name."""
     from fedsim._checkpoint import CheckpointError, dataset_checksum
 
-    spec = MethodSpec("FLIC", "flic")
+    spec = MethodSpec("FLIC", "flic", algorithm_params=SHORT)
     ds = linear_mapping(6, seed=0, n_spaces=3, n_train=24, n_test=30)
     d = tmp_path / "r"
     run_personal_method(_cfg(rounds=1), spec, 0, ds, d, progress=False)
@@ -518,8 +543,10 @@ def test_mixed_group_sizes_count_only_the_shared(tmp_path):
 # while counting the steps it rescaled.
 
 def _run(tmp_path, name, rounds=3, **params):
+    """lr 0.2: local training diverges without max_grad_norm (the alignment phase, which it does not
+    cap, is off unless asked for)."""
     ds = linear_mapping(6, seed=0, n_spaces=3, n_train=40, n_test=40)
-    spec = MethodSpec("FLIC", "flic", algorithm_params=params)
+    spec = MethodSpec("FLIC", "flic", algorithm_params={"align_epochs": 0, **params})
     cfg = RunConfig(dataset="toy:linear-mapping", n_clients=6, rounds=rounds, local_epochs=3, batch_size=16,
                     lr=0.2, methods=[spec], model="personal")
     return run_personal_method(cfg, spec, 0, ds, tmp_path / name, progress=False)[0]
@@ -532,6 +559,13 @@ def test_high_lr_diverges_without_and_trains_with_max_grad_norm(tmp_path):
     assert all(math.isfinite(v) for v in res["train_loss"]) and res["final_accuracy"] > 0.3
     assert res["clipped_steps"] > 0  # reported, not silent
     assert build_algorithm("flic").run_report() == {}  # off by default: nothing to report
+
+
+def test_alignment_divergence_is_named(tmp_path):
+    """The alignment phase (on by default) at a learning rate it cannot take stops the run with
+    DivergedError naming the phase and the way out, not with a NaN refusal from deep in the W2."""
+    with pytest.raises(DivergedError, match=r"alignment phase \(align_epochs=300.*flic.align_epochs=0"):
+        _run(tmp_path, "align", align_epochs=300)
 
 
 def test_clipped_steps_survive_resume(tmp_path):
@@ -603,7 +637,7 @@ def test_final_round_trains_every_client_on_what_it_does_not_share(monkeypatch, 
 
     monkeypatch.setattr(personal, "local_train", recording)
     ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
-    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": "personal-first", "final_epochs": 2})
+    spec = MethodSpec("FLIC", "flic", algorithm_params={**SHORT, "schedule": "personal-first", "final_epochs": 2})
     cfg = _cfg(rounds=2, local_epochs=3, client_fraction=0.34)
     metrics, _ = run_personal_method(cfg, spec, 0, ds, tmp_path / "a", progress=False)
     final = [c for c in calls if c[0] == 2]
@@ -645,7 +679,7 @@ def test_one_optimizer_per_round_equals_one_per_phase(monkeypatch, tmp_path, opt
     bit for bit (issue 43: the 'fresh Adam per phase' difference makes none)."""
     import fedsim.personal as personal
     ds = linear_mapping(6, seed=0, n_spaces=6, n_train=24, n_test=20)
-    spec = MethodSpec("FLIC", "flic", algorithm_params={"schedule": schedule, "optimizer": optimizer,
+    spec = MethodSpec("FLIC", "flic", algorithm_params={**SHORT, "schedule": schedule, "optimizer": optimizer,
                                                         "anchor_ce": 0.5})
     cfg = _cfg(rounds=2, local_epochs=3, weight_decay=1e-3)
     one, _ = run_personal_method(cfg, spec, 0, ds, tmp_path / "one", progress=False)
