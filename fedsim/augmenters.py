@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -23,21 +22,10 @@ from geomkern import fedmc, ggeur, privacy
 from geomkern.exchange import nbytes
 
 from ._specs import merge_params
+from .data.clients import ClientData
 from ._seeds import GEOMETRY, SETUP, generator
 from ._seeds import AUGMENT
 from ._seeds import generator as _generator  # augment()'s argument is named generator
-
-
-@dataclass
-class ClientData:
-    """A client's training rows (x, y, domain ids d) and its validation rows (x_val, y_val: carved
-    from its training rows by the run, runner.client_data; never seen by training or augmenters)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    d: torch.Tensor | None = None
-    x_val: torch.Tensor | None = None
-    y_val: torch.Tensor | None = None
 
 
 class Augmenter:

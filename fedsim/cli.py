@@ -168,7 +168,7 @@ def _run(args) -> int:
             from .flower import require_flower
 
             require_flower()  # a clear error without the optional extra, before it is imported
-            from .flower.server_app import run_simulation
+            from .flower.apps import run_simulation
 
             results = run_simulation(cfg, out, **kw)
         else:

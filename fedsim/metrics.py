@@ -78,3 +78,21 @@ def final_report(model, x_test: torch.Tensor, y_test: torch.Tensor, client_label
     return {"per_class": per_class, "confusion": conf.tolist(), "per_client": clients,
             "worst_class_accuracy": min(present) if present else None,
             "own_class_accuracy": mean("own_accuracy"), "missing_class_accuracy": mean("missing_accuracy")}
+
+
+@torch.no_grad()
+def evaluate(model, x, y, d=None, n_domains: int = 0) -> tuple[float, list[float]]:
+    model.eval()
+    pred = model(x)[0].argmax(1)
+    correct = (pred == y).to(torch.float64)
+    # None for a domain without test rows (its mean would be NaN)
+    per_domain = [float(correct[d == k].mean()) if bool((d == k).any()) else None
+                  for k in range(n_domains)] if d is not None else []
+    return float(correct.mean()), per_domain
+
+
+@torch.no_grad()
+def accuracy(model, x, y) -> float:
+    """The share of rows (x, y) the model classifies right (the validation rows' score)."""
+    model.eval()
+    return float((model(x)[0].argmax(1) == y).to(torch.float64).mean())

@@ -34,15 +34,15 @@ from ._specs import CENTRALISED, MethodSpec, default_methods, slug
 from ._validate_config import (ConfigError, apply_resume_changes, check_config, check_model_memory, check_out,
                                read_config_json)
 from .algorithms import build_algorithm, personal_algorithms
-from .augmenters import ClientData, build_augmenter
+from .augmenters import build_augmenter
 from .client import DivergedError, client_round
 from .data import load_dataset
-from .data.partition import USES_BETA, feature_shift, partition
-from .data.split import validation_split
+from .data.clients import client_data, make_partition
+from .data.partition import USES_BETA
 from .data.toy import is_toy
 from .engine import Engine, LocalEngine
 from .loop import Federation, run_rounds
-from .metrics import CONVERGENCE_WINDOW, convergence, final_report
+from .metrics import CONVERGENCE_WINDOW, accuracy, convergence, evaluate, final_report
 from .models import MODELS, apply_run_defaults, build_model, has_trunk, run_defaults
 from .personal import is_personal_run, personal_dataset, run_personal_method
 from .prompt import check_prompt_dataset
@@ -226,58 +226,6 @@ def results_config(cfg: RunConfig) -> dict:
 
 
 # ------------------------------------------------------------------------------ helpers
-@torch.no_grad()
-def evaluate(model, x, y, d=None, n_domains: int = 0) -> tuple[float, list[float]]:
-    model.eval()
-    pred = model(x)[0].argmax(1)
-    correct = (pred == y).to(torch.float64)
-    # None for a domain without test rows (its mean would be NaN)
-    per_domain = [float(correct[d == k].mean()) if bool((d == k).any()) else None
-                  for k in range(n_domains)] if d is not None else []
-    return float(correct.mean()), per_domain
-
-
-@torch.no_grad()
-def accuracy(model, x, y) -> float:
-    """The share of rows (x, y) the model classifies right (the validation rows' score)."""
-    model.eval()
-    return float((model(x)[0].argmax(1) == y).to(torch.float64).mean())
-
-
-def make_partition(cfg: RunConfig, ds, seed: int) -> list[torch.Tensor]:
-    """The run's partition of ds's training rows for ``seed`` (one index tensor per client)."""
-    return partition(cfg.partition, labels=ds.y_train, domains=ds.d_train, n_clients=cfg.n_clients,
-                     beta=cfg.beta, seed=seed, min_size=cfg.min_size)
-
-
-def client_data(cfg: RunConfig, ds, parts, seed: int, *,
-                pooled: bool = False) -> tuple[list[ClientData], torch.Tensor]:
-    """Every client's data (on cfg.device) from the partition ``parts`` and the test inputs; with a
-    feature shift each client's own view, the test rows split among them (seeded by ``seed``). Each
-    client's validation rows (cfg.val_fraction) are carved from its rows after the shift, so they
-    are seen through its view too. ``pooled``: one client (the centralised row) holding every
-    client's training rows and validation rows as that client sees them, in dataset order."""
-    dev = torch.device(cfg.device)
-    xs, x_test = [ds.x_train[p] for p in parts], ds.x_test
-    if cfg.feature_shift or cfg.feature_noise:
-        xs, x_test, _ = feature_shift(xs, x_test, angle=cfg.feature_shift, noise=cfg.feature_noise, seed=seed)
-    ys = [ds.y_train[p] for p in parts]
-    doms = [None if ds.d_train is None else ds.d_train[p] for p in parts]
-    split = [tuple(torch.from_numpy(i) for i in validation_split(y.cpu().numpy(), cfg.val_fraction, seed=seed,
-                                                                 client=k)) for k, y in enumerate(ys)]
-    if pooled:  # every client's rows in dataset order (with no shift and no validation: the dataset itself)
-        def pool(ts, which):
-            rows = torch.cat([p[s[which]] for p, s in zip(parts, split)])
-            return torch.cat([t[s[which]] for t, s in zip(ts, split)])[torch.argsort(rows)]
-
-        d = None if ds.d_train is None else pool(doms, 0)
-        return [ClientData(pool(xs, 0).to(dev), pool(ys, 0).to(dev), None if d is None else d.to(dev),
-                           pool(xs, 1).to(dev), pool(ys, 1).to(dev))], x_test
-    clients = [ClientData(x[tr].to(dev), y[tr].to(dev), None if d is None else d[tr].to(dev), x[va].to(dev),
-                          y[va].to(dev)) for x, y, d, (tr, va) in zip(xs, ys, doms, split)]
-    return clients, x_test
-
-
 def initial_model(cfg: RunConfig, ds, seed: int):
     """The round-0 global model of seed ``seed`` on cfg.device (the global RNG is left as it was)."""
     dev = torch.device(cfg.device)
@@ -687,11 +635,11 @@ def run(cfg: RunConfig, out_dir, *, resume: bool = False, progress: bool = True,
     --resume) may raise ``rounds`` (a finished run then continues) and repeat the run's values,
     anything else is refused by name. ``engine``: how the clients are reached (engine.Engine;
     default engine.LocalEngine, every client in this process; fedsim.flower's FlowerEngine runs
-    them on Flower SuperNodes, and ``fedsim.flower.server_app.run_simulation`` runs a whole run in
+    them on Flower SuperNodes, and ``fedsim.flower.apps.run_simulation`` runs a whole run in
     Flower's Simulation Engine); the same results either way."""
     if engine is not None and not isinstance(engine, Engine):
         raise TypeError(f"engine must be an engine.Engine (LocalEngine, fedsim.flower's FlowerEngine), got "
-                        f"{engine!r}; for Flower's Simulation Engine use fedsim.flower.server_app.run_simulation "
+                        f"{engine!r}; for Flower's Simulation Engine use fedsim.flower.apps.run_simulation "
                         "(fedsim run --engine flower)")
     return execute(plan(cfg, out_dir, resume=resume, changes=changes, engine=engine), engine=engine,
                    progress=progress)

@@ -163,10 +163,32 @@ def test_the_runner_never_imports_the_flower_engine():
 
 def test_the_checks_see_a_hidden_import_and_a_flower_import():
     """The checks above read the real source: the CLI's lazy imports are seen (and allowed), and the
-    Flower server app is seen importing the runner."""
+    Flower apps are seen importing the runner and the Flower engine."""
     modules = _modules("fedsim")
     assert any(inside for _, _, inside in _imports(modules["fedsim.cli"], modules))
-    assert "fedsim.runner" in _graph("fedsim")["fedsim.flower.server_app"]
+    assert {"fedsim.runner", "fedsim.flower.engine"} <= _graph("fedsim")["fedsim.flower.apps"]
+
+
+def _reach(graph, start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through another module (``start`` included)."""
+    seen, todo = set(), [start]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += graph.get(n, ())
+    return seen
+
+
+def test_the_flower_layer_is_either_below_or_above_the_runner():
+    """fedsim/flower/engine.py sits below the runner (the runner is handed a FlowerEngine), apps.py
+    above it (issue 41: server_app.py was both, so a Flower run walked through it three times). No
+    fedsim module imports both the runner and something the Flower engine imports from
+    fedsim.flower, other than by importing the engine itself: what the engine needs never needs the runner."""
+    graph = _graph("fedsim")
+    below = {m for m in _reach(graph, "fedsim.flower.engine") if m.startswith("fedsim.flower")}
+    assert {"fedsim.flower.engine", "fedsim.flower.codec", "fedsim.flower.exchange"} <= below
+    assert "fedsim.runner" not in set().union(*(_reach(graph, m) for m in below)), sorted(below)
 
 
 def test_the_flower_apps_never_branch_on_an_augmenter():
@@ -175,7 +197,7 @@ def test_the_flower_apps_never_branch_on_an_augmenter():
     from fedsim.augmenters import AUGMENTERS
 
     names = set(AUGMENTERS) | {"algorithm1", "fixed"}
-    for f in ("server_app.py", "client_app.py", "codec.py"):
+    for f in ("engine.py", "apps.py", "client_app.py", "codec.py"):
         tree = ast.parse((ROOT / "fedsim" / "flower" / f).read_text())
         found = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names]
         assert not found, (f, found)

@@ -1,6 +1,6 @@
 """fedsim's methods as Flower apps (optional extra: ``pip install 'geomkern[flower]'``).
 
-``client_app.app`` (a Flower ClientApp) and ``server_app.app`` (a Flower ServerApp) run the same
+``client_app.app`` (a Flower ClientApp) and ``apps.app`` (a Flower ServerApp) run the same
 algorithm hooks, augmenters and round loop as fedsim's local engine: ``fedsim run --engine flower``
 runs a configuration in Flower's Simulation Engine (Ray backend), ``fedsim flower-demo`` under a
 real ``flower-superlink`` with one ``flower-supernode`` per client (docs/flower.md).

@@ -31,6 +31,8 @@ from ..algorithms import build_algorithm
 from ..augmenters import build_augmenter
 from ..client import DivergedError, client_round
 from ..data import load_dataset
+from ..data.clients import client_data, make_partition
+from ..metrics import evaluate as evaluate_model
 from ..models import build_model
 from . import codec
 from .exchange import answer, client_augmenter
@@ -51,7 +53,7 @@ def _my_data(cfg_json: str, seed: int, cid: int):
     """This node's ClientData for (run, seed): what the local engine gives client ``cid``."""
     cfg = _config(cfg_json)
     ds = _dataset(cfg.dataset)
-    clients, _ = runner.client_data(cfg, ds, runner.make_partition(cfg, ds, seed), seed)
+    clients, _ = client_data(cfg, ds, make_partition(cfg, ds, seed), seed)
     return clients[cid], ds
 
 
@@ -143,5 +145,5 @@ def evaluate(msg: Message, context: Context) -> Message:
     model = _model(cfg, ds)
     model.load_state_dict(codec.tensors(msg.content.array_records["global"], device=torch.device(cfg.device)))
     n = int(data.x.shape[0])
-    acc = runner.evaluate(model, data.x, data.y)[0] if n else 0.0
+    acc = evaluate_model(model, data.x, data.y)[0] if n else 0.0
     return _reply(msg, metrics=MetricRecord({"accuracy": acc, "n": n}))

@@ -37,7 +37,7 @@ dependencies = []
 publisher = "geomkern"
 
 [tool.flwr.app.components]
-serverapp = "fedsim.flower.server_app:app"
+serverapp = "fedsim.flower.apps:app"
 clientapp = "fedsim.flower.client_app:app"
 
 [tool.flwr.app.config]

@@ -1,15 +1,15 @@
-"""fedsim's Flower ServerApp: the local engine's round loop with its clients on Flower SuperNodes.
+"""fedsim's clients on a Flower Grid: ``FlowerEngine``, an engine.Engine below the runner.
 
 ``runner.run`` is the one run of both engines (loop.run_rounds: client sampling from (seed,
 round), aggregation through the algorithm's server hook, evaluation, checkpoints and metrics).
-Handed ``FlowerEngine(grid)`` (an engine.Engine), its client-side steps go through Flower messages
-instead of function calls: the augmenter's exchange (``FlowerEngine.exchange``, i.e.
+Handed ``FlowerEngine(grid)``, its client-side steps go through Flower messages instead of
+function calls: the augmenter's exchange (``FlowerEngine.exchange``, i.e.
 exchange.serve_exchange: for each of the augmenter's steps, ``query.upload`` to the clients
 taking part, the augmenter's ``accept`` and ``aggregate`` here, ``query.download`` with what goes
 back) and the selected clients' local rounds (``FlowerEngine.train``), answered by
 ``client_app.app``. Nothing here knows an augmenter by name: the exchange is the augmenter's hooks
-(fedsim/augmenters.py). Server state (SCAFFOLD's c, FedDyn's h, FedOpt's moments, FedProto's
-prototypes) stays in the server's algorithm object, i.e. in this ServerApp; what a client reads of
+(fedsim/augmenters/). Server state (SCAFFOLD's c, FedDyn's h, FedOpt's moments, FedProto's
+prototypes) stays in the server's algorithm object, i.e. in the ServerApp; what a client reads of
 it (``Algorithm.download_state``) goes down with the weights.
 
 Failures are Flower's: a client that does not answer within ``round_timeout`` seconds, answers
@@ -17,28 +17,24 @@ with an error, or uploads something that fails its checks is left out of that st
 reason (a round needs at least one client); a client whose training diverges stops the run with
 the local engine's message.
 
-Entry points: ``FlowerEngine`` (a Grid's clients as an engine; ``runner.run(cfg, out,
-engine=FlowerEngine(grid))`` inside a ServerApp), ``run_simulation`` (a whole run in Flower's
-Simulation Engine, Ray backend: ``fedsim run --engine flower``) and ``app`` (the ServerApp of a
-real deployment; fedsim/flower/deploy.py starts one).
+This module imports nothing of the runner: the runner is handed the engine. The apps that hand it
+over (``run_simulation``, the deployed ServerApp) are fedsim/flower/apps.py, above the runner.
 """
+
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
-from flwr.app import Context, Message, RecordDict
-from flwr.serverapp import Grid, ServerApp
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
 
-from .. import runner
 from ..algorithms import ALGORITHMS
 from ..algorithms.base import ClientUpdate
 from ..client import DivergedError
 from ..engine import Engine
-from . import _reaper, codec
-from .client_app import app as client_app
+from . import codec
 from .exchange import serve_exchange
 
 log = logging.getLogger("fedsim.flower")
@@ -191,69 +187,3 @@ class FlowerEngine(Engine):
         timings["federated_accuracy"] = self.evaluate(spec, seed, global_params)
         timings["wire_bytes_up"] = self.wire["up"] - self.before["up"]
         timings["wire_bytes_down"] = self.wire["down"] - self.before["down"]
-
-
-def run_simulation(cfg, out, *, resume: bool = False, progress: bool = True, changes: dict | None = None,
-                   round_timeout: float = ROUND_TIMEOUT, num_cpus: int | None = None) -> dict:
-    """``runner.run`` in Flower's Simulation Engine (Ray backend): n_clients virtual SuperNodes
-    running ``client_app.app``, this process running the ServerApp. Every check runs here first
-    (``runner.plan``), before Ray starts and before anything is written."""
-    from flwr.simulation import run_simulation as flwr_run_simulation  # Ray: only for the Simulation Engine
-
-    plan = runner.plan(cfg, out, resume=resume, changes=changes, engine=FlowerEngine(None))
-    held: dict = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        try:
-            held["results"] = runner.execute(plan, engine=FlowerEngine(grid, round_timeout=round_timeout),
-                                             progress=progress)
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            held["error"] = exc
-
-    cpus = num_cpus or int(os.environ.get("FEDSIM_FLOWER_CPUS", 0)) or os.cpu_count() or 1
-    backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-               "init_args": {"num_cpus": cpus, "include_dashboard": False}}
-    _reaper.start()  # Ray's processes go too if this process is killed outright
-    try:
-        flwr_run_simulation(server_app=server, client_app=client_app, num_supernodes=plan.cfg.n_clients,
-                            backend_config=backend)
-    except KeyboardInterrupt:  # Ctrl-C: take Ray's processes down before the caller exits
-        _shutdown_ray()
-        raise
-    if "error" in held:
-        raise held["error"]
-    if "results" not in held:
-        raise RuntimeError("the Flower simulation ended without running fedsim's ServerApp (see Flower's log above)")
-    return held["results"]
-
-
-def _shutdown_ray() -> None:
-    """Stop the Ray runtime this process started, if any (its raylet, GCS and workers)."""
-    try:
-        import ray
-    except ImportError:
-        return
-    if ray.is_initialized():
-        ray.shutdown()
-
-
-# ---------------------------------------------------------------------- a real deployment
-app = ServerApp()
-
-
-@app.main()
-def deployed(grid: Grid, context: Context) -> None:
-    """The ServerApp under ``flower-superlink``: run-config ``config`` (a fedsim config file, TOML or
-    config.json) and ``out`` (the run folder), optionally ``round-timeout`` (s)."""
-    from pathlib import Path
-
-    rc = context.run_config
-    path = Path(str(rc["config"]))
-    if path.suffix == ".json":
-        cfg = runner.RunConfig.from_dict(runner.read_config_json(path)[0])  # [1], the engine it records: not needed
-    else:
-        cfg = runner.load_config(path)
-    runner.run(cfg, Path(str(rc["out"])), progress=False,
-               engine=FlowerEngine(grid, round_timeout=float(rc.get("round-timeout", ROUND_TIMEOUT))))

@@ -16,6 +16,7 @@ from fedsim import client as client_module  # local_train: what client.client_ro
 from fedsim import runner
 from fedsim._validate_config import ConfigError, apply_resume_changes
 from fedsim.augmenters import ClientData, FedMCAugmenter
+from fedsim.data.clients import client_data
 from fedsim.runner import MethodSpec, RunConfig
 from geomkern import fedmc, ggeur, privacy
 
@@ -220,8 +221,8 @@ def test_algorithm1_in_the_loop_calibrated_only_exact_resume_composed_privacy(tm
     monkeypatch.setattr(client_module, "local_train", real)
     ds = runner.load_dataset(str(blobs))
     parts = runner.partition("dirichlet", labels=ds.y_train, domains=None, n_clients=4, beta=0.5, seed=0, min_size=5)
-    # each client's training rows: its part less its validation rows (runner.client_data)
-    clients, _ = runner.client_data(_cfg(blobs).validate(), ds, parts, 0)
+    # each client's training rows: its part less its validation rows (data.clients.client_data)
+    clients, _ = client_data(_cfg(blobs).validate(), ds, parts, 0)
     assert {r for r, *_ in seen} == {0, 1, 2}
     for r, cid, x, n_real in seen:
         own = clients[cid].x.to(x.dtype)

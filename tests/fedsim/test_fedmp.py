@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from fedsim import runner
 from fedsim._seeds import generator
 from fedsim.algorithms import build_algorithm
+from fedsim.data.clients import make_partition
 from fedsim.algorithms.base import ClientContext, ClientUpdate, params_of
 from fedsim.algorithms.fedmp import BANK_SAMPLE, adaptive_weights, alignment_loss
 from fedsim.client import local_train
@@ -363,7 +364,7 @@ def test_fedmp_composes_with_augmenters_real_rows_only_in_the_bank(tmp_path, blo
                rounds=2)
     res = runner.run(cfg, tmp_path / "o", progress=False)
     state = torch.load(tmp_path / "o" / "runs" / "m-seed0" / "checkpoint.pt", weights_only=True)["algorithm"]
-    parts = runner.make_partition(cfg, runner.load_dataset(cfg.dataset), 0)
+    parts = make_partition(cfg, runner.load_dataset(cfg.dataset), 0)
     for cid, p in enumerate(parts):  # the bank holds each client's real rows, never the augmented ones
         assert state[f"bank/{cid}/x"].shape == (len(p), 16) and state[f"local/{cid}/proto"].shape == (5, 16)
     assert all(0 <= a <= 1 for a in res["methods"]["m"]["seeds"]["0"]["accuracy"])
@@ -394,7 +395,7 @@ def test_fedmp_bank_takes_the_real_rows_when_the_augmenter_replaces_them(tmp_pat
         n_prototypes=8, n_base=16, n_clusters=3, n_components=2, n_entries=6))], rounds=2)
     runner.run(cfg, tmp_path / "o", progress=False)
     ds = runner.load_dataset(str(blobs))
-    parts = runner.make_partition(cfg, ds, 0)
+    parts = make_partition(cfg, ds, 0)
     second = seen[len(seen) // 2:]  # round 2: calibrated rows trained on, real rows in the bank
     assert len(second) == 4
     for (x, xr), p in zip(second, parts):

@@ -31,7 +31,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from _fedsim_helpers import save_blobs  # noqa: E402
 from fedsim.flower._reaper import alive, descendants  # noqa: E402
-from fedsim.flower.server_app import FlowerEngine  # noqa: E402
+from fedsim.flower.engine import FlowerEngine  # noqa: E402
 from fedsim.runner import MethodSpec, RunConfig, run  # noqa: E402
 from geomkern import fedmc, ggeur  # noqa: E402
 from geomkern.exchange import read_bytes  # noqa: E402

@@ -100,7 +100,7 @@ def test_flower_exchange_in_batches_and_kept_geometry_give_the_local_results(tmp
     from test_flower import InProcessGrid, _cfg, _seed_metrics
 
     from fedsim.flower import exchange
-    from fedsim.flower.server_app import FlowerEngine
+    from fedsim.flower.engine import FlowerEngine
     from fedsim.runner import MethodSpec, run
 
     blobs = save_blobs(tmp_path / "blobs.npz", classes=6, dim=8, noise=0.6, n_train=150, n_test=60, seed=1)

@@ -14,7 +14,7 @@ pytest.importorskip("flwr")
 from _fedsim_helpers import save_blobs  # noqa: E402
 from test_flower import InProcessGrid, _cfg, _seed_metrics  # noqa: E402
 
-from fedsim.flower.server_app import FlowerEngine  # noqa: E402
+from fedsim.flower.engine import FlowerEngine  # noqa: E402
 from fedsim.runner import MethodSpec, run  # noqa: E402
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from _fedsim_helpers import interrupted_after, save_blobs
 
 from fedsim import report, runner
 from fedsim.data import load_dataset
+from fedsim.data.clients import client_data, make_partition
 from fedsim.data.split import validation_split
 from fedsim.metrics import CONVERGENCE_SLOPE, convergence, val_slope
 from fedsim.runner import CENTRALISED, MethodSpec, RunConfig
@@ -56,9 +57,9 @@ def test_split_is_stratified_disjoint_complete_and_seeded(rng):
 def test_clients_train_on_the_rest_and_validate_through_their_own_view(blobs, shift):
     ds = load_dataset(str(blobs))
     cfg = _cfg(blobs, feature_shift=shift, feature_noise=0.2 if shift else 0.0).validate()
-    parts = runner.make_partition(cfg, ds, 0)
-    clients, x_test = runner.client_data(cfg, ds, parts, 0)
-    whole, x_test0 = runner.client_data(RunConfig(**{**cfg.to_dict(), "methods": cfg.methods, "val_fraction": 0.0}),
+    parts = make_partition(cfg, ds, 0)
+    clients, x_test = client_data(cfg, ds, parts, 0)
+    whole, x_test0 = client_data(RunConfig(**{**cfg.to_dict(), "methods": cfg.methods, "val_fraction": 0.0}),
                                         ds, parts, 0)
     assert torch.equal(x_test, x_test0)
     for k, (c, w, p) in enumerate(zip(clients, whole, parts)):
@@ -154,9 +155,9 @@ def test_centralised_pools_every_clients_view_and_is_tested_like_them(blobs):
 
     ds = load_dataset(str(blobs))
     cfg = _cfg(blobs, feature_shift=1.0, centralised=True).validate()
-    parts = runner.make_partition(cfg, ds, 0)
-    clients, x_test = runner.client_data(cfg, ds, parts, 0)
-    (one,), x_test_c = runner.client_data(cfg, ds, parts, 0, pooled=True)
+    parts = make_partition(cfg, ds, 0)
+    clients, x_test = client_data(cfg, ds, parts, 0)
+    (one,), x_test_c = client_data(cfg, ds, parts, 0, pooled=True)
     assert torch.equal(x_test_c, x_test)  # the federated methods' per-client test views
     rows = torch.cat([p[torch.from_numpy(validation_split(ds.y_train[p].numpy(), 0.1, seed=0, client=k)[0])]
                       for k, p in enumerate(parts)])
@@ -174,7 +175,7 @@ def test_centralised_pools_every_clients_view_and_is_tested_like_them(blobs):
 def test_without_a_shift_the_centralised_row_holds_the_dataset_in_order(blobs):
     ds = load_dataset(str(blobs))
     cfg = _cfg(blobs, centralised=True, val_fraction=0.0).validate()
-    (one,), x_test = runner.client_data(cfg, ds, runner.make_partition(cfg, ds, 0), 0, pooled=True)
+    (one,), x_test = client_data(cfg, ds, make_partition(cfg, ds, 0), 0, pooled=True)
     assert torch.equal(one.x, ds.x_train) and torch.equal(one.y, ds.y_train) and torch.equal(x_test, ds.x_test)
 
 

@@ -130,7 +130,7 @@ def test_bad_tuning_flags_are_refused_by_name(tmp_path, blobs, capsys, extra, wo
 
 def test_tuning_is_refused_on_the_flower_engine(tmp_path, blobs):
     pytest.importorskip("flwr")
-    from fedsim.flower.server_app import FlowerEngine
+    from fedsim.flower.engine import FlowerEngine
 
     with pytest.raises(ValueError, match="drop --engine flower"):
         runner.run(_cfg(blobs), tmp_path / "o", progress=False, engine=FlowerEngine(None))
