@@ -7,18 +7,18 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
     import tomli as tomllib
 
-from ._validate_config import ALGORITHM_PARAMS, _augmenter_params, _params
+from ._validate_config import _params
 from .algorithms import ALGORITHMS
 from .augmenters import AUGMENTERS
 
 
-def plugin_defaults(plugin: str) -> tuple[str, dict]:
-    """("algorithm" | "augmenter", that plug-in's ``defaults``) of a plug-in name; unknown names
-    raise, listing the known ones."""
+def plugin_class(plugin: str) -> tuple[str, type]:
+    """("algorithm" | "augmenter", that plug-in's class: its ``defaults`` and ``params``) of a
+    plug-in name; unknown names raise, listing the known ones."""
     if plugin in ALGORITHMS:
-        return "algorithm", ALGORITHMS[plugin].defaults
+        return "algorithm", ALGORITHMS[plugin]
     if plugin in AUGMENTERS:
-        return "augmenter", AUGMENTERS[plugin].defaults
+        return "augmenter", AUGMENTERS[plugin]
     raise ValueError(f"{plugin!r} is neither an algorithm nor an augmenter; algorithms: "
                      f"{', '.join(sorted(ALGORITHMS))}; augmenters: {', '.join(sorted(AUGMENTERS))}")
 
@@ -48,17 +48,17 @@ def parse_set(items: list[str] | None) -> dict[str, dict]:
                              "--set fedprox.mu=0.01")
         plugin, key = plugin.lower(), key.strip()
         try:
-            kind, defaults = plugin_defaults(plugin)
+            kind, cls = plugin_class(plugin)
         except ValueError as exc:
             raise ValueError(f"--set {item}: {exc}") from None
+        defaults = cls.defaults
         if key not in defaults:
             raise ValueError(f"--set {item}: {kind} {plugin!r} has no parameter {key!r}; it takes "
                              f"{', '.join(sorted(defaults)) or 'none'}")
         out.setdefault(plugin, {})[key] = _scalar(value.strip())
     for plugin, table in out.items():  # type and range of each value, naming the flag
-        kind, defaults = plugin_defaults(plugin)
-        _params(f"--set {plugin}", table, defaults, ALGORITHM_PARAMS if kind == "algorithm" else _augmenter_params(),
-                f"{kind} {plugin!r}")
+        kind, cls = plugin_class(plugin)
+        _params(f"--set {plugin}", table, cls.defaults, cls.params, f"{kind} {plugin!r}")
     return out
 
 
@@ -68,9 +68,10 @@ def check_params_table(params, where: str) -> dict[str, dict]:
         raise ValueError(f"{where}: params must be a table of [params.PLUGIN] tables, got {params!r}")
     for plugin, table in params.items():
         try:
-            kind, defaults = plugin_defaults(plugin)
+            kind, cls = plugin_class(plugin)
         except ValueError as exc:
             raise ValueError(f"{where}: [params.{plugin}]: {exc}") from None
+        defaults = cls.defaults
         if not isinstance(table, dict):
             raise ValueError(f"{where}: params.{plugin} must be a table of {kind} parameters, got {table!r}")
         unknown = sorted(set(table) - set(defaults))
@@ -86,7 +87,7 @@ def apply_params(methods, params: dict[str, dict], *, override: bool, source: st
     ``algorithm_params`` / ``augmenter_params`` win (a preset's or config file's [params]).
     With ``source`` (the flag), a plug-in no method uses is an error naming it."""
     for plugin, table in params.items():
-        kind, _ = plugin_defaults(plugin)
+        kind, _ = plugin_class(plugin)
         users = [m for m in methods if (m.algorithm.lower() if kind == "algorithm" else m.augmenter) == plugin]
         if not users and source:
             key, value = next(iter(table.items()))

@@ -7,9 +7,9 @@ A rejected value raises :class:`ConfigError` (a ``ValueError``; the CLI prints i
 ``fedsim: error:`` line and exits with 2) naming the key, the flag that sets it, the value and
 what is allowed, e.g. ``config: beta (--beta) must be a finite number > 0, got inf``.
 
-Parameters without an entry in the tables below (a plug-in added later) are still checked
-against their default's type: a number must be a finite number, an integer an integer, a flag
-true or false.
+Each algorithm and augmenter declares the kind of each of its parameters (``params``, beside its
+``defaults``; the kinds are fedsim/config.py's); a parameter without one is still checked against
+its default's type: a number must be a finite number, an integer an integer, a flag true or false.
 """
 from __future__ import annotations
 
@@ -25,15 +25,14 @@ from pathlib import Path
 import torch
 
 from ._io import check_can_create
+# the value kinds and ConfigError live in config.py (a leaf the plug-ins import); named here for the checks below
+from .config import (MAX_EPSILON, MAX_SEED, Bool, Choice, ConfigError, Either, Int, ListOf,  # noqa: F401
+                     Nothing, Real, Str, _kind_of_default, _show, check, fail)
 from ._specs import MethodSpec, slug
 from .algorithms import ALGORITHMS
-from .augmenters import AUGMENTERS, FEDMC_PROTOCOLS, fedmc, ggeur  # fedsim reaches the geometry through augmenters.py
+from .augmenters import AUGMENTERS
 from .data.partition import SCHEMES
 from .models import MODELS, mlp_parameters
-
-
-class ConfigError(ValueError):
-    """A configuration value fedsim cannot run with."""
 
 
 # RunConfig field -> the `fedsim run` flag that sets it (fields without one are config-file keys only)
@@ -44,181 +43,6 @@ FLAGS = {"dataset": "--dataset", "partition": "--partition", "beta": "--beta", "
          "seed": "--seed", "seeds": "--seeds", "device": "--device",
          "centralised": "--centralised", "val_fraction": "--val-fraction", "tune_lr": "--tune-lr",
          "tune_epochs": "--tune-epochs"}
-
-# the largest seed: torch.manual_seed takes 64-bit seeds, numpy's SeedSequence any non-negative int
-MAX_SEED = 2 ** 63 - 1
-# The largest finite DP epsilon (per release or in total): a bound of e^100 on the likelihood ratio
-# protects nothing, and the PLD accountant that calibrates the noise grows with epsilon (2.6 s at
-# 100, 30 s at 1000; at 1e4 it ran out of memory and --epsilon-total 1e308 had the run killed).
-# inf, not a huge number, is how a run asks for no noise.
-MAX_EPSILON = 100.0
-
-
-def _show(v) -> str:
-    if isinstance(v, str):
-        return f"{v!r} (a string)"
-    if isinstance(v, bool):
-        return f"{v} (true/false)"
-    if isinstance(v, (dict, list, tuple)):
-        return f"{v!r} (a {'table' if isinstance(v, dict) else 'list'})"
-    if v is None:
-        return "nothing (None)"
-    return repr(v) if isinstance(v, numbers.Number) else f"{v!r} (a {type(v).__name__})"
-
-
-def fail(where: str, what: str, v) -> None:
-    raise ConfigError(f"config: {where} must be {what}, got {_show(v)}")
-
-
-# ------------------------------------------------------------------------------ value kinds
-class Int:
-    def __init__(self, minimum: int | None = None, maximum: int | None = None):
-        self.minimum, self.maximum = minimum, maximum
-
-    def describe(self) -> str:
-        lo, hi = self.minimum, self.maximum
-        return "an integer" + (f" in [{lo}, {hi}]" if lo is not None and hi is not None
-                               else f" >= {lo}" if lo is not None else f" <= {hi}" if hi is not None else "")
-
-    def ok(self, v) -> bool:
-        return (isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                and (self.minimum is None or v >= self.minimum) and (self.maximum is None or v <= self.maximum))
-
-    def norm(self, v):
-        return int(v)
-
-
-class Real:
-    """A real number in a range; finite unless ``inf_ok`` (then +inf is allowed too)."""
-
-    def __init__(self, lo=None, hi=None, *, lo_open=False, hi_open=False, inf_ok=False, note=""):
-        self.lo, self.hi, self.lo_open, self.hi_open, self.inf_ok, self.note = lo, hi, lo_open, hi_open, inf_ok, note
-
-    def describe(self) -> str:
-        if self.lo is not None and self.hi is not None:
-            rng = f" in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
-        elif self.lo is not None:
-            rng = f" {'>' if self.lo_open else '>='} {self.lo:g}"
-        elif self.hi is not None:
-            rng = f" {'<' if self.hi_open else '<='} {self.hi:g}"
-        else:
-            rng = ""
-        kind = "a number" + rng + " (inf allowed)" if self.inf_ok else "a finite number" + rng
-        return kind + (f" ({self.note})" if self.note else "")
-
-    def ok(self, v) -> bool:
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            return False
-        v = float(v)
-        if math.isnan(v) or (math.isinf(v) and not (self.inf_ok and v > 0)):
-            return False
-        if math.isinf(v):  # inf_ok: +inf stands apart from the finite range (an epsilon's "no noise")
-            return True
-        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
-            return False
-        return self.hi is None or (v < self.hi if self.hi_open else v <= self.hi)
-
-    def norm(self, v):
-        return v if isinstance(v, (int, float)) else float(v)
-
-
-class Bool:
-    def describe(self) -> str:
-        return "true or false"
-
-    def ok(self, v) -> bool:
-        return isinstance(v, bool)
-
-    def norm(self, v):
-        return v
-
-
-class Choice:
-    def __init__(self, *values):
-        self.values = values
-
-    def describe(self) -> str:
-        return "one of " + ", ".join(repr(v) for v in self.values)
-
-    def ok(self, v) -> bool:
-        return isinstance(v, str) and v in self.values
-
-    def norm(self, v):
-        return v
-
-
-class Str:
-    def describe(self) -> str:
-        return "a non-empty string"
-
-    def ok(self, v) -> bool:
-        return isinstance(v, str) and v.strip() != ""
-
-    def norm(self, v):
-        return v
-
-
-class Either:
-    def __init__(self, *kinds):
-        self.kinds = kinds
-
-    def describe(self) -> str:
-        return " or ".join(k.describe() for k in self.kinds)
-
-    def ok(self, v) -> bool:
-        return any(k.ok(v) for k in self.kinds)
-
-    def norm(self, v):
-        return next(k for k in self.kinds if k.ok(v)).norm(v)
-
-
-class ListOf:
-    """A list (possibly empty) of values of one kind."""
-
-    def __init__(self, kind):
-        self.kind = kind
-
-    def describe(self) -> str:
-        return f"a list of values each {self.kind.describe()}"
-
-    def ok(self, v) -> bool:
-        return isinstance(v, list) and all(self.kind.ok(x) for x in v)
-
-    def norm(self, v):
-        return [self.kind.norm(x) for x in v]
-
-
-class Nothing:
-    """None (a Python caller's "not set"; TOML has no null, so a file leaves the key out)."""
-
-    def describe(self) -> str:
-        return "unset"
-
-    def ok(self, v) -> bool:
-        return v is None
-
-    def norm(self, v):
-        return v
-
-
-def check(where: str, kind, v):
-    if not kind.ok(v):
-        fail(where, kind.describe(), v)
-    return kind.norm(v)
-
-
-def _kind_of_default(default):
-    """What a parameter without a table entry must be: its default's type."""
-    if isinstance(default, bool):
-        return Bool()
-    if isinstance(default, numbers.Integral):
-        return Int()
-    if isinstance(default, numbers.Real):
-        return Real(inf_ok=math.isinf(default))
-    if isinstance(default, str):
-        return Str()
-    return None  # None, containers: nothing to infer
-
 
 # ------------------------------------------------------------------------------ the tables
 def _run_fields():
@@ -261,38 +85,6 @@ MODEL_PARAMS = {("linear", "scale"): Real(0, lo_open=True), ("linear", "learn_sc
                 ("prompt", "tower"): Choice("minilm", "clip"), ("prompt", "allow_other_encoder"): Bool(),
                 ("prompt", "tower_model"): Either(Nothing(), Str()),
                 ("prompt", "tower_pretrained"): Either(Nothing(), Str())}
-
-# algorithm hyper-parameters by name (a name means the same thing in every algorithm that has it)
-ALGORITHM_PARAMS = {
-    "mu": Real(0), "alpha": Real(0, lo_open=True), "beta": Real(0), "tau": Real(0, lo_open=True),
-    "server_lr": Real(0, lo_open=True), "beta1": Real(0, 1, hi_open=True), "beta2": Real(0, 1, hi_open=True),
-    "lam": Real(0), "global_lr": Real(0, lo_open=True), "correction": Choice("momentum", "step"),
-}
-
-
-def _augmenter_params():
-    positive = Int(1)
-    return {
-        "target_per_class": Int(0), "n_per_prototype": Int(0),
-        "prototypes": Either(Bool(), Choice("auto")), "noise": Choice(*ggeur.NOISE_MODES),
-        "multi_domain_target": Either(Nothing(), Int(0)), "resample": Choice("round", "once"),
-        "n_prototypes": positive, "n_base": positive, "n_clusters": positive, "n_entries": positive,
-        "n_components": Either(positive, Choice("auto")),
-        "gamma": Either(Real(0, lo_open=True), Choice("median", "1/D")),
-        "epsilon": Real(0, MAX_EPSILON, lo_open=True, inf_ok=True,
-                        note="per DP release; a larger one protects nothing: inf = no noise"),
-        "epsilon_total": Either(Nothing(), Real(0, MAX_EPSILON, lo_open=True, inf_ok=True,
-                                                note="the whole budget of a client's DP releases; a larger one "
-                                                     "protects nothing: inf = no noise")),
-        "delta": Real(0, 1, lo_open=True, hi_open=True),
-        "clip_norm": Either(Nothing(), Real(0, lo_open=True, note="row-norm bound of the DP release; "
-                                                                  "required with a finite epsilon")),
-        "protocol": Choice(*FEDMC_PROTOCOLS),
-        "n_per_sample": Either(Nothing(), Int(0)), "steps": Either(Nothing(), positive),
-        "scale": Real(0), "method": Choice(*fedmc.PREIMAGE_METHODS), "formulation": Choice(*fedmc.FORMULATIONS),
-        "anchored": Bool(),
-    }
-
 
 # ------------------------------------------------------------------------------ checks
 def _where(field: str) -> str:
@@ -366,7 +158,6 @@ def _check_methods(methods) -> None:
     if not isinstance(methods, list) or not methods:
         fail("methods", "a non-empty list of methods ([[methods]] tables with name, algorithm, augmenter)",
              methods)
-    aug_kinds = _augmenter_params()
     runs = {}
     for i, m in enumerate(methods):
         if not isinstance(m, MethodSpec):
@@ -386,10 +177,11 @@ def _check_methods(methods) -> None:
                      if isinstance(m.algorithm, str) else m.algorithm)
         aug = check(f"{where}.augmenter", Choice(*sorted(AUGMENTERS)), m.augmenter)
         ap = _table(f"{where}.algorithm_params", m.algorithm_params)
-        _params(f"{where}.algorithm_params", ap, ALGORITHMS[algo].defaults, ALGORITHM_PARAMS,
+        _params(f"{where}.algorithm_params", ap, ALGORITHMS[algo].defaults, ALGORITHMS[algo].params,
                 f"algorithm {algo!r}")
         gp = _table(f"{where}.augmenter_params", m.augmenter_params)
-        _params(f"{where}.augmenter_params", gp, AUGMENTERS[aug].defaults, aug_kinds, f"augmenter {aug!r}")
+        _params(f"{where}.augmenter_params", gp, AUGMENTERS[aug].defaults, AUGMENTERS[aug].params,
+                f"augmenter {aug!r}")
         p = {**AUGMENTERS[aug].defaults, **gp}
         if p.get("formulation") == "paper" and p.get("method") == "coordinates":
             raise ConfigError(f"config: {where}.augmenter_params: formulation 'paper' defines kernel-value "

@@ -22,6 +22,7 @@ from geomkern import fedmc, ggeur, privacy
 from geomkern.exchange import nbytes
 
 from ._specs import merge_params
+from .config import MAX_EPSILON, Bool, Choice, Either, Int, Nothing, Real
 from .data.clients import ClientData
 from ._seeds import GEOMETRY, SETUP, generator
 from ._seeds import AUGMENT
@@ -45,6 +46,9 @@ class Augmenter:
 
     name = "none"
     defaults: dict = {}
+    # the kind of each parameter (config.py's Int, Real, Choice, ...), checked before anything is written;
+    # one entry per key of defaults
+    params: dict = {}
     step_names: tuple[str, ...] = ()  # every step ``steps`` can name
 
     def __init__(self, **params):
@@ -189,6 +193,9 @@ class GGEURAugmenter(Augmenter):
     step_names = ("statistics",)
     defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt",
                 "multi_domain_target": None, "resample": "round"}
+    params = {"target_per_class": Int(0), "n_per_prototype": Int(0), "prototypes": Either(Bool(), Choice("auto")),
+              "noise": Choice(*ggeur.NOISE_MODES), "multi_domain_target": Either(Nothing(), Int(0)),
+              "resample": Choice("round", "once")}
 
     @classmethod
     def controls(cls, p):
@@ -368,6 +375,7 @@ class OversampleAugmenter(Augmenter):
 
     name = "oversample"
     defaults = {"target_per_class": 100}
+    params = {"target_per_class": Int(0)}
 
     def augment(self, cid, data, *, generator):
         rows = fill_sources(data.y, self.n_classes, self.p["target_per_class"])
@@ -401,6 +409,20 @@ class FedMCAugmenter(Augmenter):
                 "target_per_class": 100, "n_per_sample": None, "scale": 1.0, "method": fedmc.DEFAULT_METHOD,
                 "formulation": "consistent", "steps": None, "anchored": True, "epsilon_total": None,
                 "protocol": "algorithm1"}
+    params = {"n_prototypes": Int(1), "n_base": Int(1), "n_clusters": Int(1),
+              "n_components": Either(Int(1), Choice("auto")), "n_entries": Int(1), "gamma": Either(Real(0, lo_open=True), Choice("median", "1/D")),
+              "epsilon": Real(0, MAX_EPSILON, lo_open=True, inf_ok=True,
+                              note="per DP release; a larger one protects nothing: inf = no noise"),
+              "delta": Real(0, 1, lo_open=True, hi_open=True),
+              "clip_norm": Either(Nothing(), Real(0, lo_open=True, note="row-norm bound of the DP release; "
+                                                                        "required with a finite epsilon")),
+              "target_per_class": Int(0), "n_per_sample": Either(Nothing(), Int(0)), "scale": Real(0),
+              "method": Choice(*fedmc.PREIMAGE_METHODS), "formulation": Choice(*fedmc.FORMULATIONS),
+              "steps": Either(Nothing(), Int(1)), "anchored": Bool(),
+              "epsilon_total": Either(Nothing(), Real(0, MAX_EPSILON, lo_open=True, inf_ok=True,
+                                                      note="the whole budget of a client's DP releases; a larger "
+                                                           "one protects nothing: inf = no noise")),
+              "protocol": Choice(*FEDMC_PROTOCOLS)}
 
     def __new__(cls, **params):
         protocol = params.get("protocol", cls.defaults["protocol"])

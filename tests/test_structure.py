@@ -212,3 +212,27 @@ def test_the_tests_import_the_checkouts_packages():
 
     assert geomkern.__file__ == str(ROOT / "geomkern" / "__init__.py"), geomkern
     assert fedsim.__file__ == str(ROOT / "fedsim" / "__init__.py"), fedsim
+
+
+def test_the_configuration_kinds_are_a_leaf():
+    """fedsim/config.py (the value kinds every plug-in declares its params with) imports no fedsim
+    module, so no registry: a plug-in can import it without closing a circle."""
+    assert _graph("fedsim")["fedsim.config"] == set()
+
+
+def test_every_plugin_declares_its_params():
+    """Every registered algorithm and augmenter declares the kind of each of its parameters
+    (``params`` beside ``defaults``, one entry per key, each a config.py kind): --set, [params]
+    tables and config files are checked against them (issue 41: the checker's tables lived in
+    _validate_config.py and missed FLIC's, FedHeNN's and the personalised schedule's)."""
+    from fedsim import config
+    from fedsim.algorithms import ALGORITHMS
+    from fedsim.augmenters import AUGMENTERS
+
+    kinds = tuple(v for v in vars(config).values() if isinstance(v, type) and hasattr(v, "describe"))
+    for registry in (ALGORITHMS, AUGMENTERS):
+        for name, cls in registry.items():
+            assert set(cls.params) == set(cls.defaults), (name, sorted(set(cls.params) ^ set(cls.defaults)))
+            assert all(isinstance(k, kinds) for k in cls.params.values()), name
+            for key, default in cls.defaults.items():  # a default passes its own kind
+                assert cls.params[key].ok(default), (name, key, default)

@@ -16,6 +16,7 @@ from torch import nn
 from geomkern.exchange import nbytes
 
 from .._specs import merge_params
+from ..config import Real
 
 Params = dict[str, torch.Tensor]
 
@@ -78,6 +79,9 @@ class Algorithm:
 
     name = "fedavg"
     defaults: dict = {}
+    # the kind of each hyper-parameter (config.py's Int, Real, Choice, ...): --set, [params] tables and
+    # config files are checked against it before anything is written; one entry per key of defaults
+    params: dict = {}
     # The slots of state_dict that are server state a client reads in its hooks (sent down with the
     # weights, counted by download_bytes): what an engine whose clients run elsewhere (Flower) sends.
     # A slot keyed "<slot>/<cid>/<param>" is one client's own state and stays with that client.
@@ -141,6 +145,7 @@ class FedProx(Algorithm):
 
     name = "fedprox"
     defaults = {"mu": 0.01}
+    params = {"mu": Real(0)}
 
     def extra_loss(self, ctx, x, y, logits, features):
         prox = sum(((p - ctx.global_params[n]) ** 2).sum() for n, p in ctx.model.named_parameters())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import Real
 from ._registry import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots, float_keys, put, put_clients, take, take_clients
@@ -19,6 +20,7 @@ from .common import check_slots, float_keys, put, put_clients, take, take_client
 class FedDyn(Algorithm):
     name = "feddyn"
     defaults = {"alpha": 0.5}  # the GGEUR paper's setting
+    params = {"alpha": Real(0, lo_open=True)}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)

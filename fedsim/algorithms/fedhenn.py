@@ -43,6 +43,7 @@ import torch
 
 from geomkern.exchange import nbytes
 
+from ..config import Int, Real
 from ._registry import register
 from .base import ClientContext, Params
 from .local import PersonalAlgorithm
@@ -76,6 +77,7 @@ def cka_distance(A: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 class FedHeNN(PersonalAlgorithm):
     name = "fedhenn"
     defaults = {**PersonalAlgorithm.defaults, "eta": 0.1, "rad_size": 100}
+    params = {**PersonalAlgorithm.params, "eta": Real(), "rad_size": Int()}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)

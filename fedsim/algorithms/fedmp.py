@@ -61,6 +61,7 @@ from geomkern import fedmp as gfedmp
 from geomkern.exchange import nbytes
 
 from .._seeds import generator
+from ..config import Bool, Int, Real, Str
 from ..models import has_trunk
 from ._registry import register
 from .base import Algorithm, ClientContext, ClientUpdate, Params, params_of, weighted_average
@@ -109,6 +110,10 @@ class FedMP(Algorithm):
     defaults = {"sfmc": True, "cpgma": True, "bank_size": 512, "bank_exclude_own": True,
                 "local_momentum": 0.5, "global_momentum": 0.5, "weighting": "adaptive",
                 "lam_sfmc": 0.3, "lam_align": 0.1, "max_weight": 10.0, "stage_rounds": 1}
+    # kinds only: the ranges (momenta in [0, 1), bank_size >= 1, ...) are checked by __init__
+    params = {"sfmc": Bool(), "cpgma": Bool(), "bank_size": Int(), "bank_exclude_own": Bool(), "local_momentum": Real(),
+              "global_momentum": Real(), "weighting": Str(), "lam_sfmc": Real(), "lam_align": Real(),
+              "max_weight": Real(), "stage_rounds": Int()}
     needs_trunk = True  # RunConfig.validate rejects a model without trunk/classify
     seed = 0  # the run's seed; the runner sets it (bank samples come from (seed, round, client))
 

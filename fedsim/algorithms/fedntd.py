@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ..config import Real
 from ._registry import register
 from .base import Algorithm, ClientContext
 from .common import frozen_copy
@@ -25,6 +26,7 @@ def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class FedNTD(Algorithm):
     name = "fedntd"
     defaults = {"beta": 1.0, "tau": 1.0}  # the paper's settings
+    params = {"beta": Real(0), "tau": Real(0, lo_open=True)}
 
     def begin_client(self, ctx: ClientContext) -> None:
         ctx.scratch["global_model"] = frozen_copy(ctx.model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import Real, Str
 from ._registry import register
 from .base import Algorithm, Params, weighted_average
 from .common import check_slots, float_keys, put, take
@@ -23,6 +24,8 @@ class FedOpt(Algorithm):
     name = "fedopt"
     # server_lr 0.5 is the GGEUR paper's setting; betas and tau as in Reddi et al.
     defaults = {"server_opt": "adam", "server_lr": 0.5, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+    params = {"server_opt": Str(), "server_lr": Real(0, lo_open=True), "beta1": Real(0, 1, hi_open=True),
+              "beta2": Real(0, 1, hi_open=True), "tau": Real(0, lo_open=True)}
     fixed_opt: str | None = None  # set by the subclasses that name one server optimiser
 
     def __init__(self, **hparams):
@@ -77,13 +80,16 @@ def _fixed(*unused: str) -> dict:
 @register
 class FedAdam(FedOpt):
     name, fixed_opt, defaults = "fedadam", "adam", _fixed()
+    params = {k: FedOpt.params[k] for k in defaults}
 
 
 @register
 class FedYogi(FedOpt):
     name, fixed_opt, defaults = "fedyogi", "yogi", _fixed()
+    params = {k: FedOpt.params[k] for k in defaults}
 
 
 @register
 class FedAvgM(FedOpt):
     name, fixed_opt, defaults = "fedavgm", "avgm", _fixed("beta2", "tau")
+    params = {k: FedOpt.params[k] for k in defaults}

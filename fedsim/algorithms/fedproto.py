@@ -16,6 +16,7 @@ import torch
 
 from geomkern.exchange import nbytes
 
+from ..config import Real
 from ._registry import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots
@@ -25,6 +26,7 @@ from .common import check_slots
 class FedProto(Algorithm):
     name = "fedproto"
     defaults = {"lam": 2.0}  # the GGEUR paper's setting
+    params = {"lam": Real(0)}
     download_state = ("protos", "counts")
 
     def __init__(self, **hparams):

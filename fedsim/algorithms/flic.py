@@ -57,6 +57,7 @@ from torch.nn import functional as F
 import geomkern as gk
 from geomkern.exchange import nbytes
 
+from ..config import Int, Real, Str
 from ._registry import register
 from .base import ClientContext, Params, weighted_average
 from .local import PersonalAlgorithm
@@ -78,6 +79,9 @@ class FLIC(PersonalAlgorithm):
     # the class means: the paper's anchors, learnable means with identity covariance)
     defaults = {**PersonalAlgorithm.defaults, "lam": 0.1, "ridge": 1e-2, "anchor_scale": 1.0, "anchor_var": 0.1,
                 "anchor_ce": 0.0, "align_epochs": 300, "max_grad_norm": 0.0, "anchor_cov": "learned"}
+    params = {**PersonalAlgorithm.params, "lam": Real(0), "ridge": Real(), "anchor_scale": Real(),
+              "anchor_var": Real(), "anchor_ce": Real(), "align_epochs": Int(), "max_grad_norm": Real(),
+              "anchor_cov": Str()}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import Int, Str
 from ._registry import register
 from .base import Algorithm
 
@@ -51,6 +52,9 @@ class PersonalAlgorithm(Algorithm):
     # (Het_Update.py), both 10 at their M = 10 (presets/flic-paper.toml).
     defaults = {"head_epochs": 1, "optimizer": "sgd", "schedule": "fedrep", "rep_epochs": 1, "rep_start_round": 0,
                 "final_epochs": 0}
+    # kinds only: the ranges and choices are checked by __init__ (its messages name the fix)
+    params = {"head_epochs": Int(), "optimizer": Str(), "schedule": Str(), "rep_epochs": Int(),
+              "rep_start_round": Int(), "final_epochs": Int()}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)

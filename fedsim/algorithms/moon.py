@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ..config import Real
 from ._registry import register
 from .base import Algorithm, ClientContext, Params, params_of
 from .common import check_slots, frozen_copy, put_clients, take_clients
@@ -22,6 +23,7 @@ from .common import check_slots, frozen_copy, put_clients, take_clients
 class Moon(Algorithm):
     name = "moon"
     defaults = {"mu": 1.0, "tau": 0.5}  # the GGEUR paper's settings
+    params = {"mu": Real(0), "tau": Real(0, lo_open=True)}
 
     def __init__(self, **hparams):
         super().__init__(**hparams)

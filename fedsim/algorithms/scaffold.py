@@ -36,6 +36,7 @@ import torch
 
 from geomkern.exchange import nbytes
 
+from ..config import Choice, Real
 from ._registry import register
 from .base import Algorithm, ClientContext, Params, weighted_average
 from .common import check_slots, float_keys, mean_extra, put, put_clients, take, take_clients
@@ -55,6 +56,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     # 0.25 is the GGEUR paper's setting; the SCAFFOLD paper's default is 1. correction: module docstring.
     defaults = {"global_lr": 0.25, "correction": "step"}
+    params = {"global_lr": Real(0, lo_open=True), "correction": Choice("momentum", "step")}
     CORRECTIONS = ("momentum", "step")
     download_state = ("c",)
 
