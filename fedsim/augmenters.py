@@ -763,6 +763,13 @@ AUGMENTERS = {"none": Augmenter, "oversample": OversampleAugmenter, "ggeur": GGE
               "fedmc": FedMCAugmenter}
 
 
+def register(cls: type[Augmenter]) -> type[Augmenter]:
+    """Add an augmenter class to AUGMENTERS under its ``name``: a new augmenter's one registry line
+    (``@register`` above its class; docs/development.md, "Add an FL algorithm or augmenter")."""
+    AUGMENTERS[cls.name] = cls
+    return cls
+
+
 def build_augmenter(name: str, **params) -> Augmenter:
     if name not in AUGMENTERS:
         raise ValueError(f"augmenter={name!r} is not known; choose one of {sorted(AUGMENTERS)}")
