@@ -19,6 +19,7 @@ train and test split, as personalised FL benchmarks do (PFLlib).
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch
 
 from . import _checkpoint
 from ._seeds import TRAIN, generator
+from .config import ConfigError
 from .algorithms import build_algorithm, personal_algorithms
 from .algorithms.base import ClientContext, ClientUpdate
 from .client import local_train, make_optimizer
@@ -61,6 +63,30 @@ def is_personal_run(cfg) -> bool:
                          f"representation, head), got model={cfg.model!r}; set model='personal' (--model personal) "
                          "to pass its model_params embed_dim, embed_hidden, hidden")
     return True
+
+
+# fields the personalised path never reads (its clients keep their own rows and view; the
+# partition fields only where the dataset is a toy, which generates its own clients): a value other
+# than the default is refused (PersonalFederation.check), and results.json does not record them
+_PERSONAL_UNUSED = {"feature_shift": "--feature-shift", "feature_noise": "--feature-noise",
+                    "zero_shot": "--zero-shot"}
+_TOY_UNUSED = {"partition": "--partition", "beta": "--beta", "min_size": "--min-size"}
+# what a refused tuning request says first, on either path (runner.plan, PersonalFederation.check)
+TUNING_NEEDS = ("config: tuning (--tune, --tune-lr, --tune-epochs) runs on the local engine and on global-model "
+                "methods, which have validation rows;")
+
+
+def personal_unused(cfg) -> dict:
+    """RunConfig field -> flag, of the fields a personalised run of ``cfg`` never reads."""
+    return {**_PERSONAL_UNUSED, **(_TOY_UNUSED if is_toy(cfg.dataset) else {})}
+
+
+def personal_ignores(cfg) -> list[str]:
+    """The flags of a personalised run set away from their defaults that it would ignore
+    (val_fraction is not among them: its default, 0.1, is the global path's, and the report says
+    the personalised path has no validation rows)."""
+    default = {f.name: f.default for f in fields(cfg)}
+    return [flag for f, flag in personal_unused(cfg).items() if getattr(cfg, f) != default[f]]
 
 
 def personal_dataset(cfg, seed: int) -> PersonalDataset:
@@ -156,6 +182,22 @@ class PersonalFederation(Federation):
 
     template = None  # per-client models differ in shape: restore checks them
     weights = ("personal", "shared")
+
+    @staticmethod
+    def check(cfg) -> None:
+        """What a personalised run (``is_personal_run``) refuses, before anything is written
+        (runner.plan calls it): tuning, the centralised row, and flags it would ignore."""
+        if cfg.tune_lr or cfg.tune_epochs:
+            raise ConfigError(f"{TUNING_NEEDS} the personalised path ({personal_algorithms()}, toy:NAME) has none: "
+                              "drop the tuning flags")
+        if cfg.centralised:
+            raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
+                              f"personalised runs ({personal_algorithms()}, toy:NAME datasets) have no such row")
+        if ignored := personal_ignores(cfg):
+            raise ConfigError(f"config: {', '.join(ignored)} play(s) no part on the personalised path "
+                              f"({personal_algorithms()}, toy:NAME datasets: each client keeps its own rows and view"
+                              + ("; a toy dataset generates its own clients" if is_toy(cfg.dataset) else "")
+                              + "): drop them")
 
     def __init__(self, cfg, spec, seed: int, ds: PersonalDataset, run_dir: Path):
         dev = torch.device(cfg.device)

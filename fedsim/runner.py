@@ -33,18 +33,18 @@ from ._params import apply_params, check_params_table
 from ._specs import CENTRALISED, MethodSpec, default_methods, slug
 from ._validate_config import (ConfigError, apply_resume_changes, check_config, check_model_memory, check_out,
                                read_config_json)
-from .algorithms import build_algorithm, personal_algorithms
+from .algorithms import build_algorithm
 from .augmenters import build_augmenter
 from .client import DivergedError, client_round
 from .data import load_dataset
 from .data.clients import client_data, make_partition
 from .data.partition import USES_BETA
-from .data.toy import is_toy
 from .engine import Engine, LocalEngine
 from .loop import Federation, run_rounds
 from .metrics import CONVERGENCE_WINDOW, accuracy, convergence, evaluate, final_report
 from .models import MODELS, apply_run_defaults, build_model, has_trunk, run_defaults
-from .personal import is_personal_run, personal_dataset, run_personal_method
+from .personal import (TUNING_NEEDS, PersonalFederation, is_personal_run, personal_dataset, personal_unused,
+                       run_personal_method)
 from .prompt import check_prompt_dataset
 
 # public here too: MethodSpec, slug, CENTRALISED and default_methods live in _specs (a leaf);
@@ -188,30 +188,10 @@ def write_config_json(cfg: RunConfig, out: Path, engine: str) -> None:
         tmp.write_text(json_text({**cfg.to_dict(), "engine": engine}))
 
 
-# fields the personalised path never reads (its clients keep their own rows and view; the
-# partition fields only where the dataset is a toy, which generates its own clients): a value other
-# than the default is refused (plan), and results.json does not record them
-_PERSONAL_UNUSED = {"feature_shift": "--feature-shift", "feature_noise": "--feature-noise",
-                    "zero_shot": "--zero-shot"}
-_TOY_UNUSED = {"partition": "--partition", "beta": "--beta", "min_size": "--min-size"}
-
-
-def _personal_unused(cfg: RunConfig) -> dict:
-    return {**_PERSONAL_UNUSED, **(_TOY_UNUSED if is_toy(cfg.dataset) else {})}
-
-
-def personal_ignores(cfg: RunConfig) -> list[str]:
-    """The flags of a personalised run set away from their defaults that it would ignore
-    (val_fraction is not among them: its default, 0.1, is the global path's, and the report says
-    the personalised path has no validation rows)."""
-    default = RunConfig()
-    return [flag for f, flag in _personal_unused(cfg).items() if getattr(cfg, f) != getattr(default, f)]
-
-
 def results_config(cfg: RunConfig) -> dict:
     """The configuration results.json records: every RunConfig field, less those which played no
     part, so that they are not reported: ``beta`` where the partition draws no Dirichlet (iid);
-    on the personalised path the fields it never reads (_personal_unused: its clients keep their
+    on the personalised path the fields it never reads (personal.personal_unused: its clients keep their
     own 80/20 split and view, and a toy generates its own clients), and ``model`` as what trained
     ("personal": PersonalNet, which "linear", the default, stands for there). (config.json keeps
     every field: a resumed run's checkpoints are verified against them.)"""
@@ -219,7 +199,7 @@ def results_config(cfg: RunConfig) -> dict:
     if cfg.partition not in USES_BETA:
         del d["beta"]
     if is_personal_run(cfg):
-        for f in ("val_fraction", *_personal_unused(cfg)):
+        for f in ("val_fraction", *personal_unused(cfg)):
             d.pop(f, None)
         d["model"] = "personal"
     return d
@@ -532,20 +512,11 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
                              "another --out")
     engine.check(cfg)  # e.g. the Flower engine refuses personalised runs and FedMP by name
     personal = is_personal_run(cfg)
-    if tuned(cfg) and (not engine.tunes or personal):
-        raise ConfigError("config: tuning (--tune, --tune-lr, --tune-epochs) runs on the local engine and on "
-                          "global-model methods, which have validation rows; " + (
-                              f"drop --engine {engine.name} to tune, then run the chosen values there with "
-                              "--lr/--epochs" if not engine.tunes else f"the personalised path ({personal_algorithms()}, "
-                              "toy:NAME) has none: drop the tuning flags"))
-    if personal and cfg.centralised:
-        raise ConfigError("config: centralised (--centralised) is the one-client ceiling of a global model; "
-                          f"personalised runs ({personal_algorithms()}, toy:NAME datasets) have no such row")
-    if personal and (ignored := personal_ignores(cfg)):
-        raise ConfigError(f"config: {', '.join(ignored)} play(s) no part on the personalised path "
-                          f"({personal_algorithms()}, toy:NAME datasets: each client keeps its own rows and view"
-                          + ("; a toy dataset generates its own clients" if is_toy(cfg.dataset) else "")
-                          + "): drop them")
+    if tuned(cfg) and not engine.tunes:
+        raise ConfigError(f"{TUNING_NEEDS} drop --engine {engine.name} to tune, then run the chosen values there "
+                          "with --lr/--epochs")
+    if personal:
+        PersonalFederation.check(cfg)  # what the personalised path cannot run (its own checks, personal.py)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     write_config = not resume or cfg.rounds != stored_rounds
     if personal:  # personalised algorithms, or clients in their own feature spaces (toy:NAME)
