@@ -9,6 +9,11 @@ A lent machine is bare, offline, and held for minutes; this driver is the one pr
   build      geomkern._C + geomkern._C_cuda (sm_90 only) into a scratch folder, in the
              background while the Triton steps run (they need no build); moved into geomkern/
              when the build step ends
+  peers      scripts/gpu_peers.py (issue 40), the first measuring step: every headline op at its
+             headline, small-D and FedMC shapes, geomkern's default beside the torch reference
+             (eager, torch.compile, torch.compile with TF32), cdist + exp, KeOps, CuPy's eigh and
+             the cuBLAS floor, interleaved, each with its error against float64; one summary file,
+             $OUT/peers-<device>-<date>.json (limit 100 s; no case starts after 75 s)
   headline   the sm_90 compile report's cases at the default precision, every tf32x3 scheme,
              timed beside the model's two predictions (the committed compile report for the
              machine's triton: no recompiling), with each case's error against float64
@@ -42,6 +47,10 @@ only by the privacy code):
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
     -d .whl dp-accounting==0.6.0 dm-tree==0.1.10
+and KeOps for the peers step (pure Python, 0.3 MB as wheels; PyPI has only sdists, so build
+the two wheels here, without their dependencies: numpy and pybind11 are in the GPU image; KeOps
+compiles its kernels with the image's nvcc at their first call, inside the peers step's limit):
+  python3 -m pip wheel --no-deps -w .whl pykeops==2.3 keopscore==2.3
 then call the device tool with carry [".whl"], command `bash scripts/gpu_session.sh`, timeout_s
 480 (the budget plus start-up and slack).
 """
@@ -65,8 +74,8 @@ PY = sys.executable
 DRY = os.environ.get("GPU_SESSION_DRY") == "1"
 OUT = Path(os.environ.get("OUT") or (ROOT / "gpu-out")).resolve()
 BUDGET_S = float(os.environ.get("GPU_SESSION_BUDGET_S", "360"))
-# GPU_SESSION_STEPS: a comma-separated subset of the steps (headline, schemes, gpu_tests, build,
-# native, rest) for a second, shorter call; default all
+# GPU_SESSION_STEPS: a comma-separated subset of the steps (peers, headline, schemes, gpu_tests,
+# build, native, rest) for a second, shorter call; default all
 ONLY = {x.strip() for x in os.environ.get("GPU_SESSION_STEPS", "").split(",") if x.strip()}
 
 
@@ -288,12 +297,24 @@ def main() -> int:
     else:
         headline = report + ["--measure", "--accuracy", "--precisions", "default",
                              "--cases", ";".join(HEADLINE)] + (["--model", str(model)] if model else [])
-    # 3. headline timing beside the model (or its compile-only stand-in)
+    # 3. the peers (scripts/gpu_peers.py): geomkern's default against every GPU peer and the cuBLAS
+    # floor, first among the measurements; its summary file lands in $OUT. Dry run: the same code
+    # on CPU at toy shapes, the CUDA-only providers recorded as skipped with their reason.
+    peers_cmd = [PY, "scripts/gpu_peers.py", "--out", str(OUT), "--jsonl", str(JSONL),
+                 "--budget-s", "40" if DRY else "75"] + (["--dry"] if DRY else [])
+
+    def peers_summary() -> dict:
+        files = sorted(OUT.glob("peers-*.json"))
+        recs = json.loads(files[-1].read_text()) if files else []
+        return {"peers_file": files[-1].name if files else None, "peer_records": len(recs),
+                "peer_ops": sorted({r["op"] for r in recs})}
+    step("peers", peers_cmd, 60 if DRY else 100, reserve_s=200, extra=peers_summary)
+    # 4. headline timing beside the model (or its compile-only stand-in)
     step("headline", headline, 110 if not DRY else 240, reserve_s=150)
-    # 4. the tf32x3 schemes as bare GEMMs + offset-cloud accuracy
+    # 5. the tf32x3 schemes as bare GEMMs + offset-cloud accuracy
     schemes = [PY, "scripts/tf32x3_schemes.py", "--jsonl", str(JSONL)] + (["--dry"] if DRY else [])
     step("schemes", schemes, 45 if not DRY else 120, reserve_s=120)
-    # 5. GPU correctness: each test's outcome goes to the JSONL as it finishes (pytest_cmd); the
+    # 6. GPU correctness: each test's outcome goes to the JSONL as it finishes (pytest_cmd); the
     # junit files stay out of $OUT, which brings back at most 8 files (their summaries go to the
     # step record). Dry run: the Triton tests under the interpreter, small shapes.
     junit = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-session-junit-{os.getpid()}"
@@ -318,7 +339,7 @@ def main() -> int:
     step("gpu_tests", pytest_cmd(xml, args), limit, env={**tenv, **plugin_env("gpu_tests")},
          reserve_s=60, extra=lambda: junit_summary(xml))
 
-    # 5b. the numerical findings of session 9 re-measured (tf32 Gram against its rounded-operand
+    # 6b. the numerical findings of session 9 re-measured (tf32 Gram against its rounded-operand
     # model, the kpca eigenvalue error split, float64 eigh's cost; scripts/gpu_findings.py),
     # and kpca's solvers on CUDA
     def findings(name: str, only: str, limit_s: float, reserve_s: float, needs: str) -> None:
@@ -331,7 +352,7 @@ def main() -> int:
 
     findings("findings", "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost,kpca_solver", 75, 60, "a GPU")
 
-    # 6. the build, then the CUDA C++ kernels' tests
+    # 7. the build, then the CUDA C++ kernels' tests
     def needs_libstdcxx() -> dict:
         """Whether each built module names libstdc++.so.6 as NEEDED: a compiler that links it
         statically crashed every number-formatting error message on the GPU image (session 12,
@@ -380,10 +401,10 @@ def main() -> int:
                   # whole step at 60 s after 30 tests without saying which one was running)
                   ] + plugin_args(timeout=["-p", "timeout", "--timeout", "40"])))
     step("native", native, 120, env=plugin_env("native"), reserve_s=20, extra=lambda: junit_summary(nxml))
-    # 6b. where the CUDA Jacobi eigh beats auto's reference on CUDA: sizes x batches (needs the build)
+    # 7b. where the CUDA Jacobi eigh beats auto's reference on CUDA: sizes x batches (needs the build)
     findings("findings:eigh", "eigh_crossover", 45, 15, "a GPU and the CUDA build")
 
-    # 7. the rest: other precisions + float64 + CUDA kernels beside the model; benchmark suites
+    # 8. the rest: other precisions + float64 + CUDA kernels beside the model; benchmark suites
     if DRY:
         rest = report + ["--no-cuda", "--precisions", "tf32,ieee", "--cases", DRY_CASES[0]]
     else:

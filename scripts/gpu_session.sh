@@ -3,6 +3,8 @@
 # their order and limits, and how to prepare the call. Here: the carried wheels, then the driver.
 #   GPU:      bash scripts/gpu_session.sh                    (device tool: carry [".whl"], timeout_s 480)
 #   dry run:  GPU_SESSION_DRY=1 bash scripts/gpu_session.sh  (CPU; tests/test_gpu_session.py runs it)
+#   .whl/ (git-ignored): dp-accounting + dm-tree, and pykeops + keopscore for the peers step; how to
+#   fetch them before a draw: scripts/gpu_session.py's docstring ("Prepare here")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

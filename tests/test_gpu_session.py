@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("headline", "schemes", "gpu_tests", "build", "native", "rest:model")
-
-triton = pytest.importorskip("triton", reason="the dry run compiles Triton kernels for sm_90")
-
+OPS = ("rbf_gram", "rbf_gram_cross", "rbf_matmul", "projection", "preimage", "eigh", "kmeans_assign", "kpca")
+STEPS = ("peers", "headline", "schemes", "gpu_tests", "build", "native", "rest:model")
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
+    pytest.importorskip("triton", reason="the dry run compiles Triton kernels for sm_90")
     out = tmp_path_factory.mktemp("gpu-session")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(GPU_SESSION_DRY="1", OUT=str(out), PYTHON=sys.executable,
@@ -42,6 +41,9 @@ def test_every_step_ran_and_succeeded(session):
     assert steps["findings:eigh"]["status"] == "skipped" and "eigh_crossover" in steps["findings:eigh"]["why"]
     assert recs[0]["kind"] == "env" and recs[0]["dry"] is True
     assert recs[-1]["kind"] == "end"
+    # the peers step is the first step to finish (the build only starts before it, in the background)
+    assert [r["step"] for r in recs if r.get("kind") == "step"][0] == "peers"
+    assert steps["peers"]["peer_ops"] == sorted(OPS) and steps["peers"]["peers_file"].startswith("peers-cpu-")
 
 
 def test_records_are_written_as_they_are_made(session):
@@ -122,7 +124,7 @@ def test_plugin_records_failures_with_their_message(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["scripts/gpu_findings.py", "scripts/tf32x3_schemes.py",
-                                    "scripts/sm90_report.py"])
+                                    "scripts/sm90_report.py", "scripts/gpu_peers.py"])
 def test_gpu_scripts_imports_resolve(script):
     """The GPU-only scripts import some names inside their functions (they run on CUDA only, so
     the dry run never calls them): every such name must still exist. GPU session 11 lost the kpca
@@ -140,6 +142,9 @@ def test_gpu_scripts_imports_resolve(script):
             elif isinstance(node, ast.Import):
                 checks += [(a.name, None) for a in node.names]
     assert checks, f"{script}: no function-level imports found (the test looks at nothing)"
+    # the peers' optional providers: absent here, and recorded as skipped with the reason there
+    optional = ("pykeops", "cupy")
+    checks = [c for c in checks if c[0].split(".")[0] not in optional]
     for mod, name in sorted(set(checks), key=lambda c: (c[0], c[1] or "")):
         code += (f"m = importlib.import_module({mod!r})\n" +
                  (f"assert hasattr(m, {name!r}), '{mod}.{name} is gone'\n" if name else ""))
@@ -170,13 +175,13 @@ def test_gpu_scripts_paths_exist():
     ("rest", {"rest:model", "rest:bench"}),       # a family
     ("build,native", {"build", "native"}),
     ("findings", {"findings", "findings:eigh"}),
-    ("", {"headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
+    ("", {"peers", "headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
           "rest:bench"}),
 ])
 def test_steps_are_chosen_by_name_or_family(only, chosen):
     """GPU_SESSION_STEPS picks steps by their whole name or their family: session 12's third call
     named rest:bench, and the driver ran nothing, because only the family matched."""
-    names = ["headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
+    names = ["peers", "headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
              "rest:bench"]
     code = ("import importlib.util, sys\n"
             f"spec = importlib.util.spec_from_file_location('gs', {str(ROOT / 'scripts' / 'gpu_session.py')!r})\n"
@@ -231,3 +236,113 @@ def test_kpca_solver_records():
     late = []
     mod.kpca_solver(late.append, budget_s=-1.0, device="cpu", cases=(("3 clusters", [40], 8),), d=3)
     assert late == [{"finding": "kpca_solver", "case": "3 clusters", "skipped": "budget"}]
+
+
+def _peers():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_peers", ROOT / "scripts" / "gpu_peers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_peers_step_is_the_first_measuring_step():
+    """In the driver's main(), the peers step (issue 40) runs before every other step's call."""
+    import ast
+    tree = ast.parse((ROOT / "scripts" / "gpu_session.py").read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    calls = [n for n in ast.walk(main) if isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("step", "findings")]
+    first = min(calls, key=lambda n: (n.lineno, n.col_offset))
+    assert isinstance(first.args[0], ast.Constant) and first.args[0].value == "peers", ast.dump(first)[:200]
+
+
+def test_peers_dry_run_records(tmp_path):
+    """gpu_peers.py's dry run (CPU, toy shapes): every op, every record of the summary schema with
+    an err_bound, geomkern's and the reference's results scored and within their bounds, the
+    CUDA-only providers skipped with a reason."""
+    mod = _peers()
+    jsonl = tmp_path / "s.jsonl"
+    path = mod.measure(mod.DRY_CASES, "cpu", tmp_path, budget_s=60, rounds=1, dry=True, jsonl=jsonl)
+    assert path.name.startswith("peers-cpu-") and path.suffix == ".json"
+    recs = json.loads(path.read_text())
+    assert {r["op"] for r in recs} == set(OPS) == set(mod.OPS)
+    for r in recs:
+        assert set(mod.FIELDS) <= set(r), r
+        assert isinstance(r["err_bound"], float) and r["err_bound"] > 0, r
+        assert r["device"] == "cpu" and r["dry"] is True
+        if r.get("skipped"):
+            assert r["us"] is None and r["max_err"] is None and r["skipped"], r
+        else:
+            assert r["us"] > 0 and r["max_err"] is not None, r
+    got = {(r["op"], r["provider"]): r for r in recs}
+    for op in OPS:
+        for prov in ("geomkern", "torch_reference"):
+            assert got[(op, prov)]["max_err"] <= got[(op, prov)]["err_bound"], got[(op, prov)]
+        assert got[(op, "geomkern")]["backend"], got[(op, "geomkern")]
+        assert "CUDA" in got[(op, "torch_compile")]["skipped"] or "eigen" in got[(op, "torch_compile")]["skipped"]
+    for op in mod.FLOOR_OPS:
+        assert got[(op, "cublas_floor")]["us"] > 0
+    assert got[("rbf_matmul", "keops")]["skipped"] and got[("eigh", "cupy")]["skipped"]
+    assert got[("rbf_gram", "cdist_exp")]["us"] > 0
+    assert len(jsonl.read_text().splitlines()) == len(recs)
+
+
+def test_peers_compile_formulas_are_the_ops():
+    """The plain-torch formulas the GPU run compiles (torch_compile providers) compute each op: run
+    eagerly on the dry cases, within the op's bound of float64."""
+    mod = _peers()
+    seen = set()
+    for op, _, args in mod.DRY_CASES:
+        case = mod.build(op, args, "cpu")
+        if case.formula is not None:
+            seen.add(op)
+            err = case.score(case.formula(), case.exact)
+            assert err <= mod.BOUND[op], (op, err)
+    assert seen == {"rbf_gram", "rbf_gram_cross", "rbf_matmul", "projection", "kmeans_assign", "preimage"}
+
+
+def _rec(op, provider, us, err=1e-7, bound=1e-5, shape="s"):
+    return {"op": op, "shape": shape, "provider": provider, "us": us, "max_err": err, "err_bound": bound,
+            "device": "h200", "commit": "abc"}
+
+
+@pytest.mark.parametrize("case, want", [
+    ("pass", {"fastest": True, "accurate": True, "floor": True, "ok": True}),
+    ("slower_than_peer", {"fastest": False, "accurate": True, "floor": True, "ok": False}),
+    ("inaccurate", {"fastest": True, "accurate": False, "floor": True, "ok": False}),
+    ("over_floor", {"fastest": True, "accurate": True, "floor": False, "ok": False}),
+    ("no_floor", {"fastest": True, "accurate": True, "floor": False, "ok": False}),
+])
+def test_peers_check(case, want):
+    """The acceptance checker on synthetic records: a pass and each kind of failure. A faster peer
+    outside its own bound and the cuBLAS floor are never the peer to beat."""
+    mod = _peers()
+    recs = [_rec("rbf_gram", "geomkern", 100.0), _rec("rbf_gram", "torch_reference", 400.0),
+            _rec("rbf_gram", "torch_compile_tf32", 50.0, err=3e-3),   # faster, outside its bound
+            _rec("rbf_gram", "keops", None, err=None) | {"skipped": "no"},
+            _rec("rbf_gram", "cublas_floor", 80.0)]                   # faster, but not a peer
+    if case == "slower_than_peer":
+        recs.append(_rec("rbf_gram", "cdist_exp", 90.0))
+    elif case == "inaccurate":
+        recs[0]["max_err"] = 2e-5
+    elif case == "over_floor":
+        recs[-1]["us"] = 70.0  # 100 / 70 > 1.3
+    elif case == "no_floor":
+        recs.pop()
+    (row,) = mod.check(recs)
+    assert {k: row[k] for k in want} == want, row
+
+
+def test_peers_check_floor_only_for_dot_ops(tmp_path):
+    """eigh and kpca have no floor test; --check exits 0 only when every case passes."""
+    mod = _peers()
+    recs = [_rec("eigh", "geomkern", 10.0, shape="a"), _rec("eigh", "cupy", 12.0, shape="a"),
+            _rec("kpca", "torch_reference", 5.0, shape="b")]
+    rows = mod.check(recs)
+    assert rows[0]["ok"] and rows[0]["floor"] is None
+    assert not rows[1]["ok"] and rows[1]["why"] == "no geomkern timing"
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(recs[:2]))
+    assert mod.main(["--check", str(f)]) == 0
+    f.write_text(json.dumps(recs))
+    assert mod.main(["--check", str(f)]) == 1
