@@ -8,11 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from ._seeds import AUGMENT, TRAIN, generator
-from .algorithms.base import Algorithm, ClientContext, ClientUpdate, params_of
-
-
-class DivergedError(RuntimeError):
-    """Training produced a non-finite loss or weights (the runner adds the likely cause)."""
+from .algorithms.base import Algorithm, ClientContext, ClientUpdate, DivergedError, params_of  # noqa: F401 (re-exported)
 
 
 def make_optimizer(model, optimizer: str, *, lr: float, momentum: float = 0.9,

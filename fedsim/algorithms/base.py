@@ -18,6 +18,12 @@ from geomkern.exchange import nbytes
 from .._specs import merge_params
 from ..config import Real
 
+
+class DivergedError(RuntimeError):
+    """Training produced a non-finite loss or weights (the runner adds the likely cause). Here, below
+    fedsim.client, so that an algorithm's own training phase (FLIC's alignment) can raise it."""
+
+
 Params = dict[str, torch.Tensor]
 
 

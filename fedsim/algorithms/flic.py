@@ -59,7 +59,7 @@ from geomkern.exchange import nbytes
 
 from ..config import Int, Real, Str
 from ._registry import register
-from .base import ClientContext, Params, weighted_average
+from .base import ClientContext, DivergedError, Params, weighted_average
 from .local import PersonalAlgorithm
 
 
@@ -149,7 +149,6 @@ class FLIC(PersonalAlgorithm):
         for step in range(self.hp["align_epochs"]):
             z = embed(x)
             if not bool(torch.isfinite(z).all()):
-                from ..client import DivergedError  # (here: fedsim.client imports this package)
                 raise DivergedError(f"flic's alignment phase (align_epochs={self.hp['align_epochs']}, the run's lr "
                                     f"{ctx.lr:g}) made client {ctx.cid}'s embedding non-finite at step {step + 1}; "
                                     f"lower --lr, or --set flic.align_epochs=0 to skip the phase")
