@@ -17,7 +17,6 @@ import dataclasses
 import inspect
 import json
 import math
-import numbers
 import os
 import re
 from pathlib import Path
