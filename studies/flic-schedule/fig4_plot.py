@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TOYS = ("linear-mapping", "noisy-features")
 HETFEDREP = {"preset": "preset-hetfedrep", "official-schedule": "hetfedrep"}  # each run's HetFedRep files
+OFFICIAL = {"preset": "-s13", "official-schedule": ""}  # the official runs stored beside it (-s13: more seeds)
 
 
 def _counts(results: Path, pattern: str) -> dict[int, Path]:
@@ -67,7 +68,7 @@ def plot(results: Path, png: Path, run: str = "preset") -> None:
                 paired(bottom, both, [accs[n] - local[n] for n in both], label=f"{label} - Local, here",
                        color=color, marker="o")
         official = {n: json.loads(p.read_text())["runs"]
-                    for n, p in _counts(results, rf"official-{toy}-(\d+)clients\.json").items()}
+                    for n, p in _counts(results, rf"official-{toy}-(\d+)clients{OFFICIAL[run]}\.json").items()}
         for method, color in (("Local", "tab:gray"), ("FLIC", "tab:blue")):
             pts = {n: [r["final_round_all_clients"] for r in runs_.get(method, {}).values()]
                    for n, runs_ in official.items()}
