@@ -8,18 +8,8 @@ import torch
 from torch.nn import functional as F
 
 from ._seeds import AUGMENT, TRAIN, generator
-from .algorithms.base import Algorithm, ClientContext, ClientUpdate, DivergedError, params_of  # noqa: F401 (re-exported)
-
-
-def make_optimizer(model, optimizer: str, *, lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """``optimizer``: "sgd" (with ``momentum``) or "adam" (``momentum`` unused): the personalised
-    methods' ``optimizer`` hyper-parameter (the FLIC paper trains with Adam)."""
-    if optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    if optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    raise ValueError(f"local_train: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+from .algorithms.base import (Algorithm, ClientContext, ClientUpdate, DivergedError,  # noqa: F401 (re-exported)
+                              make_optimizer, params_of)
 
 
 def local_train(algo: Algorithm, ctx: ClientContext, *, epochs: int, batch_size: int,

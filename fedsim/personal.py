@@ -29,8 +29,8 @@ from . import _checkpoint
 from ._seeds import TRAIN, generator
 from .config import ConfigError
 from .algorithms import build_algorithm, personal_algorithms
-from .algorithms.base import ClientContext, ClientUpdate
-from .client import local_train, make_optimizer
+from .algorithms.base import ClientContext, ClientUpdate, make_optimizer
+from .client import local_train
 from .data import load_dataset
 from .data.dataset import ClientSplit, PersonalDataset
 from .data.partition import partition
@@ -245,6 +245,7 @@ class PersonalFederation(Federation):
 
     def round(self, r, selected):
         cfg, algo, group = self.cfg, self.algo, self.group
+        regular = r < cfg.rounds  # the final round (r == cfg.rounds) trains no shared part: nothing sent or averaged
         by_group: dict[str, list] = {}
         up, down, losses, t0 = 0, 0, [], time.perf_counter()
         for cid in selected:
@@ -259,11 +260,11 @@ class PersonalFederation(Federation):
                                 upd.loss, upd.extras)
             by_group.setdefault(group[cid], []).append(sent)
             losses.append(upd.loss)
-            if (sent.params or sent.extras) and group[cid] not in self.alone and r < cfg.rounds:
+            if (sent.params or sent.extras) and group[cid] not in self.alone and regular:
                 up += sent.upload_bytes()
                 down += algo.download_bytes(g)
-        for gname, ups in by_group.items():  # (the final round trains no shared part: nothing to average)
-            if (ups[0].params or ups[0].extras) and r < cfg.rounds:
+        for gname, ups in by_group.items():
+            if (ups[0].params or ups[0].extras) and regular:
                 self.shared[gname] = algo.aggregate(self.shared[gname], ups, n_clients=group.count(gname))
         client_acc = [_accuracy(self._load(cid), c.x_test, c.y_test) for cid, c in enumerate(self.data)]
         entry = {"accuracy": float(np.mean(client_acc)), "client_accuracy": client_acc,

@@ -152,12 +152,7 @@ def test_the_runner_never_imports_the_flower_engine():
     interface reach no module of fedsim.flower, directly or through another module."""
     graph = _graph("fedsim")
     for start in ("fedsim.runner", "fedsim.loop", "fedsim.engine", "fedsim.augmenters"):
-        seen, todo = set(), [start]
-        while todo:
-            n = todo.pop()
-            if n not in seen:
-                seen.add(n)
-                todo += graph.get(n, ())
+        seen = _reach(graph, start)
         assert not [m for m in seen if m.startswith("fedsim.flower")], (start, sorted(seen))
 
 

@@ -24,6 +24,18 @@ class DivergedError(RuntimeError):
     fedsim.client, so that an algorithm's own training phase (FLIC's alignment) can raise it."""
 
 
+def make_optimizer(model: nn.Module, optimizer: str, *, lr: float, momentum: float = 0.9,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """An optimizer over ``model``'s parameters. ``optimizer``: "sgd" (with ``momentum``) or "adam"
+    (``momentum`` unused): the personalised methods' ``optimizer`` hyper-parameter (the FLIC paper
+    trains with Adam). Used by client.local_train, personal._train and FLIC's alignment phase."""
+    if optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"local_train: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+
+
 Params = dict[str, torch.Tensor]
 
 

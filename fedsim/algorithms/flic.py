@@ -59,7 +59,7 @@ from geomkern.exchange import nbytes
 
 from ..config import Int, Real, Str
 from ._registry import register
-from .base import ClientContext, DivergedError, Params, weighted_average
+from .base import ClientContext, DivergedError, Params, make_optimizer, weighted_average
 from .local import PersonalAlgorithm
 
 
@@ -143,8 +143,7 @@ class FLIC(PersonalAlgorithm):
         flags = [p.requires_grad for p in embed.parameters()]
         for p in embed.parameters():
             p.requires_grad_(True)
-        opt = torch.optim.Adam(embed.parameters(), lr=ctx.lr) if self.hp["optimizer"] == "adam" else \
-            torch.optim.SGD(embed.parameters(), lr=ctx.lr, momentum=ctx.momentum)
+        opt = make_optimizer(embed, self.hp["optimizer"], lr=ctx.lr, momentum=ctx.momentum)
         x, y = ctx.real()
         for step in range(self.hp["align_epochs"]):
             z = embed(x)
