@@ -21,12 +21,12 @@ import torch
 from geomkern import fedmc, ggeur, privacy
 from geomkern.exchange import nbytes
 
-from ._specs import merge_params
-from .config import MAX_EPSILON, Bool, Choice, Either, Int, Nothing, Real
-from .data.clients import ClientData
-from ._seeds import GEOMETRY, SETUP, generator
-from ._seeds import AUGMENT
-from ._seeds import generator as _generator  # augment()'s argument is named generator
+from .._specs import merge_params
+from ..config import MAX_EPSILON, Bool, Choice, Either, Int, Nothing, Real
+from ..data.clients import ClientData
+from .._seeds import GEOMETRY, SETUP, generator
+from .._seeds import AUGMENT
+from .._seeds import generator as _generator  # augment()'s argument is named generator
 
 
 class Augmenter:
