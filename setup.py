@@ -1,10 +1,12 @@
 """Builds geomkern._C from csrc/ (C++ with OpenMP on CPU) through torch.utils.cpp_extension, and
-geomkern._C_cuda from csrc/cuda/ when torch is a CUDA build and a CUDA toolkit is installed.
+geomkern._C_cuda from csrc/cuda/ when torch is a CUDA build and a CUDA toolkit is installed (no GPU
+needed to build it).
 
-geomkern._C uses torch's stable ABI only (csrc/stable.h), as torch 2.10 defines it, and no Python
-C API: one build loads into every torch from 2.10 on and every Python from 3.10 on (the wheel is
-tagged cp310-abi3 when it holds no CUDA extension). geomkern._C_cuda is an ordinary torch extension, tied
-to the torch it was built against.
+Both use torch's stable ABI only (csrc/stable.h), as torch 2.10 defines it, and no Python C API:
+one build loads into every torch from 2.10 on and every Python from 3.10 on, so the wheel is tagged
+cp310-abi3 with or without the CUDA kernels inside. geomkern._C_cuda links the CUDA runtime
+statically (cudart_static): it needs the NVIDIA driver and a torch whose CUDA major version is the
+toolkit's it was built with (the loader, geomkern/backends/native, checks it), nothing else.
 
 torch must already be installed: build with `pip install --no-build-isolation .` so pip does not
 put a fresh (CUDA, multi-GB) torch into an isolated build environment.
@@ -46,8 +48,9 @@ def native_arch(env) -> bool:
     return env.get("GEOMKERN_NATIVE_ARCH", "0") == "1"
 
 
-# The stable-ABI version geomkern._C is compiled for: the oldest torch it loads into (2.10, which
-# has every stable call the kernels make: parallel_for, the thread count, empty, the C shim's GEMMs).
+# The stable-ABI version geomkern._C and _C_cuda are compiled for: the oldest torch they load into
+# (2.10, which has every stable call the kernels make: parallel_for, the thread count, empty, the C
+# shim's GEMMs; for _C_cuda the device guard (2.9) and the C shim's current CUDA stream).
 STABLE_ABI_TARGET = "0x020a000000000000"
 
 
@@ -121,18 +124,29 @@ def cuda_extensions():
         print(f"geomkern: no GPU visible; building the CUDA kernels for TORCH_CUDA_ARCH_LIST={arch} "
               "(set TORCH_CUDA_ARCH_LIST to choose others, GEOMKERN_NO_CUDA=1 to skip them)",
               file=sys.stderr)
-    return [
-        CUDAExtension(
-            "geomkern._C_cuda",
-            sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda_bindings/*.cpp")),
-            include_dirs=[os.path.abspath("csrc/cuda")],
-            # the same C++ standard as _C (torch 2.14's headers need C++20, for nvcc's host pass
-            # too); -g0 as for _C
-            extra_compile_args={"cxx": ["-O3", "-g0", cxx_standard()],
-                                "nvcc": ["-O3", cxx_standard()]},
-            extra_link_args=SHARED_LIBSTDCXX,
-        )
-    ]
+    ext = CUDAExtension(
+        "geomkern._C_cuda",
+        sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda_bindings/*.cpp")),
+        include_dirs=[os.path.abspath("csrc/cuda"), os.path.abspath("csrc")],
+        # the same C++ standard and stable-ABI target as _C (torch 2.14's headers need C++20, for
+        # nvcc's host pass too); -g0 as for _C. The .cu files include no torch header.
+        extra_compile_args={"cxx": ["-O3", "-g0", cxx_standard(), f"-DTORCH_TARGET_VERSION={STABLE_ABI_TARGET}"],
+                            "nvcc": ["-O3", cxx_standard()]},
+        extra_link_args=SHARED_LIBSTDCXX,
+        # _C_cuda.abi3.so, linked without libtorch_python
+        py_limited_api=True,
+    )
+    ext.libraries = cuda_libraries(ext.libraries)
+    return [ext]
+
+
+def cuda_libraries(libraries):
+    """The libraries _C_cuda links: torch's (the stable ABI's C shim: torch_cpu, and torch_cuda for
+    the current CUDA stream) and the CUDA runtime statically, in place of the libcudart.so, c10_cuda
+    and torch_python that CUDAExtension adds. A static runtime makes the library name no
+    libcudart.so.N, which would tie it to one CUDA runtime package beside torch."""
+    dropped = {"cudart", "c10_cuda", "torch_python"}
+    return [lib for lib in libraries if lib not in dropped] + ["cudart_static", "rt", "pthread", "dl"]
 
 
 # csrc/cpu/variants/: the AVX2+FMA and AVX-512F copies of the hot kernels (empty files in a
@@ -153,6 +167,6 @@ if __name__ == "__main__":  # pip's build backend and `python setup.py` run it a
             )
         ] + cuda,
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-        # one CPU wheel for every Python >= 3.10 and every torch >= 2.10 (not with _C_cuda inside)
-        options={} if cuda else {"bdist_wheel": {"py_limited_api": "cp310"}},
+        # one wheel, CPU and CUDA, for every Python >= 3.10 and every torch >= 2.10
+        options={"bdist_wheel": {"py_limited_api": "cp310"}},
     )

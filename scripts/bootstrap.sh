@@ -13,10 +13,12 @@
 # the set-up time, disk and test time of this choice against a second venv for the open_clip tests.
 # With that torchvision importable, open_clip_torch and timm are added with --no-deps (they never
 # replace torch); beside a torch of yours without one, open_clip is left out and its tests skip.
-# The extension is built with --no-build-isolation so pip never fetches a second torch into a
-# build environment, and without the CUDA kernels when no GPU is visible (GEOMKERN_NO_CUDA=1: a
-# CUDA torch on a CPU machine would have nvcc compile kernels nothing here can run); set
-# GEOMKERN_NO_CUDA=0 to build them anyway.
+# The extensions are built with --no-build-isolation so pip never fetches a second torch into a
+# build environment. geomkern._C_cuda (the CUDA kernels, on torch's stable ABI like _C) is built
+# wherever torch is a CUDA build and a CUDA toolkit is found, GPU or not: the dev install then
+# holds what the wheel holds, and its loading (no GPU: gk.why_not says so) is tested here too
+# (nvcc: ~30 s more, once per change of the sources). CUDA_HOME defaults to /usr/local/cuda where
+# that is a toolkit; GEOMKERN_NO_CUDA=1 skips the CUDA kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -36,24 +38,25 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   "$VPY" -m pip install -q $TORCH_SPEC
 fi
 if "$VPY" -c "import torchvision" >/dev/null 2>&1; then clip=1; else clip=0; fi
-if [ -z "${GEOMKERN_NO_CUDA:-}" ]; then
-  GEOMKERN_NO_CUDA=$("$VPY" -c "import torch; print(0 if torch.cuda.is_available() else 1)")
-  export GEOMKERN_NO_CUDA
+GEOMKERN_NO_CUDA=${GEOMKERN_NO_CUDA:-0}
+export GEOMKERN_NO_CUDA
+if [ -z "${CUDA_HOME:-}" ] && [ -f /usr/local/cuda/include/cuda_runtime.h ]; then
+  export CUDA_HOME=/usr/local/cuda  # torch would take /usr/local from a /usr/local/bin/nvcc wrapper
 fi
 
 stamp_file="$VENV/.geomkern-build-stamp"
-stamp=$( { cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; "$VPY" -c "import torch; print(torch.__version__)"; echo "clip=$clip no_cuda=$GEOMKERN_NO_CUDA"; } | sha256sum | cut -d' ' -f1)
+stamp=$( { cat setup.py pyproject.toml; find csrc -type f | sort | xargs cat; "$VPY" -c "import torch; print(torch.__version__)"; echo "clip=$clip no_cuda=$GEOMKERN_NO_CUDA cuda_home=${CUDA_HOME:-}"; } | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VPY" -c "from geomkern.backends import native; raise SystemExit(bool(native.why_not('cpu')))" >/dev/null 2>&1; then
   echo "[bootstrap] geomkern up to date ($("$VPY" -c 'import torch; print("torch", torch.__version__)'))"
   exit 0
 fi
 echo "[bootstrap] installing build tools"
-"$VPY" -m pip install -q setuptools wheel pybind11 ninja
+"$VPY" -m pip install -q setuptools wheel ninja
 # Dependencies come from pyproject.toml; the torch present satisfies its torch requirement, so
 # pip leaves it alone.
 extras=fedsim,test,docs
 [ "$clip" = 1 ] && extras=fedsim,test,docs,clip
-echo "[bootstrap] building geomkern._C (C++/OpenMP) and installing geomkern[$extras]"
+echo "[bootstrap] building geomkern._C (C++/OpenMP) and _C_cuda (where CUDA is found), installing geomkern[$extras]"
 "$VPY" -m pip install -q --no-build-isolation -e ".[$extras]"
 if [ "$clip" = 1 ]; then
   echo "[bootstrap] installing open_clip (fedsim embed's image encoder) beside torchvision"

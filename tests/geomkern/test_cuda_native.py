@@ -109,10 +109,13 @@ def test_jacobi_reports_non_convergence(seed):
 @pytest.mark.gpu
 @needs_ext
 def test_jacobi_rejects_bad_input():
-    with pytest.raises(RuntimeError, match="CUDA tensor"):
+    """The library's checks, tagged (csrc/stable.h) and raised as the Python type they name."""
+    with pytest.raises(ValueError, match="A must be a CUDA tensor, got one on cpu"):
         native_cuda._C_cuda.eigh(torch.eye(3), 1e-7, 10)
     A = torch.randn(4, 4, device="cuda")
-    with pytest.raises(RuntimeError, match="contiguous"):
+    with pytest.raises(TypeError, match="must be float32 or float64"):
+        native_cuda._C_cuda.eigh(A.half(), 1e-7, 10)
+    with pytest.raises(ValueError, match="contiguous"):
         native_cuda._C_cuda.eigh((A + A.T).t(), 1e-7, 10)
 
 
@@ -171,7 +174,7 @@ def test_preimage_binding_refuses_too_large_without_crashing():
             # and eigh's size check, whose message carries an int64 too (crashed in session 12)
             "try:\n"
             "    native._C_cuda.eigh(torch.eye(2049, device='cuda'), 1e-7, 10)\n"
-            "except RuntimeError as e:\n"
+            "except ValueError as e:\n"
             "    print('eigh raised:', e)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=ROOT)
@@ -203,11 +206,13 @@ class _FakeCExtension:
 
 @pytest.fixture
 def registered_with_fake_cuda(monkeypatch):
-    """native.register() as it runs when _C_cuda is importable, on a copy of the registry."""
+    """native.register() as it runs when _C_cuda loads on a machine with a CUDA device, on a copy
+    of the registry."""
     before = copy.deepcopy(_dispatch._REGISTRY)
     monkeypatch.setattr(_dispatch, "_REGISTRY", copy.deepcopy(_dispatch._REGISTRY))
     fake = _FakeCExtension()
-    monkeypatch.setattr(native_cuda, "_CUDA", native_cuda._Extension(fake, "", False))
+    monkeypatch.setattr(native_cuda, "_CUDA", native_cuda._Extension(fake, "", False, cuda="13.0"))
+    monkeypatch.setattr(native_cuda, "_no_device", lambda: "")  # a GPU is visible
     native_cuda.register(native_cuda._C, fake)
     return before, fake
 
@@ -269,3 +274,77 @@ def test_registration_routes_cuda_tensors(registered_with_fake_cuda):
     with gk.set_backend("auto"):  # no GPU benchmark yet: auto never prefers a CUDA kernel
         assert _dispatch.resolve("eigh", "cuda") == "reference"
     assert fake.calls == ["eigh", "preimage_gd"]
+
+
+# ------------------------------------------------------- CPU: loading geomkern._C_cuda (no GPU needed)
+
+_BUILT = bool(native_cuda._compiled_files("_C_cuda")) and torch.version.cuda is not None
+needs_built = pytest.mark.skipif(not _BUILT or native_cuda._C_cuda is None,
+                                 reason=native_cuda._CUDA.why_not or "geomkern._C_cuda is not built here")
+
+
+@needs_built
+def test_library_loads_and_records_its_cuda_version():
+    """The stable-ABI library loads into this torch and says which CUDA it was built with: the
+    same major version as torch's (the loader refuses another)."""
+    built = int(torch.ops.geomkern_cuda.cuda_version())
+    assert built // 1000 == int(torch.version.cuda.split(".")[0]) and built % 10 == 0, built
+    assert native_cuda._CUDA.cuda == f"{built // 1000}.{built % 1000 // 10}"
+    if not CUDA:
+        reason = gk.why_not("native", "cuda")
+        assert reason.startswith("the native CUDA kernels are unavailable: geomkern._C_cuda (CUDA ")
+        assert "sees no CUDA device (torch.cuda.is_available() is False" in reason
+        with gk.set_backend("native"), pytest.raises(RuntimeError, match="sees no CUDA device"):
+            gk.resolve("eigh", "cuda")
+
+
+@needs_built
+def test_library_refuses_cpu_tensors_by_name():
+    """Its operators take CPU tensors to the same checks (registered for CPU too), which name the
+    argument, tagged and raised as ValueError/TypeError, before any CUDA call."""
+    C = native_cuda._C_cuda
+    with pytest.raises(ValueError, match="^A must be a CUDA tensor, got one on cpu$"):
+        C.eigh(torch.eye(3), 1e-7, 10)
+    with pytest.raises(ValueError, match="^Z0 must be a CUDA tensor, got one on cpu$"):
+        C.preimage_gd(torch.ones(2, 3), torch.ones(4, 3), torch.ones(2, 4), 0.5, 3, torch.ones(2))
+    assert C.preimage_gd_points(0, 4, False, 0) == -1  # refused before any device query
+
+
+@needs_built
+def test_cuda_major_mismatch_is_named_with_the_fix(monkeypatch):
+    """A torch of another CUDA major than the build's: not loaded for use, warned about (broken),
+    both versions and the two ways out named."""
+    built = int(torch.ops.geomkern_cuda.cuda_version()) // 1000
+    other = f"{built - 1}.8"
+    monkeypatch.setattr(native_cuda.torch.version, "cuda", other)
+    ext = native_cuda._load_cuda(native_cuda._BUILD_CUDA)
+    assert ext.module is None and ext.broken
+    for part in (f"was built with CUDA {built}.", f"uses CUDA {other}", "the major versions must match",
+                 f"download.pytorch.org/whl/cu{built}0", "pip install --no-build-isolation ."):
+        assert part in ext.why_not, ext.why_not
+
+
+def test_cpu_only_torch_is_a_reason_not_a_fault(monkeypatch, tmp_path):
+    """Beside a CPU-only torch the wheel's _C_cuda is not even loaded (it links libtorch_cuda):
+    a reason, no warning (broken False)."""
+    (tmp_path / "_C_cuda.abi3.so").write_bytes(b"")
+    monkeypatch.setattr(native_cuda, "_PACKAGE", tmp_path)
+    monkeypatch.setattr(native_cuda.torch.version, "cuda", None)
+    ext = native_cuda._load_cuda(native_cuda._BUILD_CUDA)
+    assert ext.module is None and not ext.broken
+    assert "is a CPU-only build (torch.version.cuda is None)" in ext.why_not and "_C_cuda.abi3.so" in ext.why_not
+
+
+def test_unbuilt_and_foreign_cuda_files(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_cuda, "_PACKAGE", tmp_path)
+    monkeypatch.setattr(native_cuda.torch.version, "cuda", "13.0")
+    ext = native_cuda._load_cuda(native_cuda._BUILD_CUDA)
+    assert ext.module is None and not ext.broken
+    assert ext.why_not.startswith("geomkern was not compiled with CUDA: geomkern._C_cuda is not built")
+    # an older build's per-torch Python module (pybind11), or garbage: named, broken, how to rebuild
+    (tmp_path / "_C_cuda.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    ext = native_cuda._load_cuda(native_cuda._BUILD_CUDA)
+    assert ext.module is None and ext.broken
+    for part in ("geomkern._C_cuda is built (_C_cuda.cpython-311-x86_64-linux-gnu.so) but cannot be loaded",
+                 "rebuild it for this environment"):
+        assert part in ext.why_not

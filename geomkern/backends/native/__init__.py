@@ -1,6 +1,8 @@
-"""Native backend: the compiled libraries ``geomkern._C`` (csrc/cpu, C++/OpenMP on torch's stable
-ABI, one build for every torch >= 2.10; built by setup.py) and ``geomkern._C_cuda`` (csrc/cuda,
-built only with a CUDA build of torch and nvcc).
+"""Native backend: the compiled libraries ``geomkern._C`` (csrc/cpu, C++/OpenMP) and
+``geomkern._C_cuda`` (csrc/cuda, CUDA C++; built by setup.py with a CUDA build of torch and nvcc,
+no GPU needed). Both are plain shared libraries on torch's stable ABI, one build for every torch
+>= 2.10 and every Python >= 3.10 (one wheel, CPU and CUDA): loaded with torch.ops.load_library,
+their operators are ``torch.ops.geomkern_native.*`` and ``torch.ops.geomkern_cuda.*``.
 
 :func:`kernels` is the one place that says which compiled kernel serves which op on which device
 (the native CPU/CUDA pair); an op a device has no kernel for runs on the reference there, as for
@@ -12,18 +14,18 @@ preferred: the recorded H100 comparison (results/gpu/eigh_gpu-NVIDIA_H100_80GB_H
 Jacobi eigh behind cupy on 500 matrices of 100 x 100 and behind torch on 64 of 512 x 512.
 
 Availability is per device type and goes through the registry: ``gk.why_not("native", "cpu")``
-answers for geomkern._C, ``gk.why_not("native", "cuda")`` for geomkern._C_cuda ("not compiled with
-CUDA" and how to get it). The kernels of an extension that did not load are registered all the
-same (:class:`_Missing`), so the registry knows what a build would serve: ``gk.set_backend("native")``
-refuses such an op on that device type with the reason, instead of quietly running the reference,
-and ``auto`` falls back to the reference and says so once: a warning when the compiled file is
-there but does not load (another torch or Python, a missing library), an INFO log line when it was
-never built (a pure-torch install is a supported set-up, not an accident).
+answers for geomkern._C, ``gk.why_not("native", "cuda")`` for geomkern._C_cuda: "not compiled with
+CUDA" and how to get it, a CPU-only torch, a CUDA major version other than the build's (and the
+fix), or, where it loaded, no CUDA device visible. The kernels of an extension that did not load
+are registered all the same (:class:`_Missing`), so the registry knows what a build would serve:
+``gk.set_backend("native")`` refuses such an op on that device type with the reason, instead of
+quietly running the reference, and ``auto`` falls back to the reference and says so once: a
+warning when the compiled file is there but does not load (another torch or CUDA, a missing
+library), an INFO log line when it was never built or cannot apply here (a pure-torch install, or
+the one wheel beside a CPU-only torch, is a supported set-up, not an accident).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
 import os
 import re
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ class _Extension:
     module: object | None
     why_not: str
     broken: bool
+    cuda: str | None = None  # geomkern._C_cuda: the CUDA version it was built with ("13.0")
 
 
 def _compiled_files(name: str) -> list[Path]:
@@ -58,32 +61,14 @@ def _compiled_files(name: str) -> list[Path]:
     return sorted(p for p in _PACKAGE.glob(f"{name}.*") if p.suffix in (".so", ".pyd"))
 
 
-def _load(name: str, kernels: str, build: str, not_built: str | None = None) -> _Extension:
-    """Import geomkern.<name>; on failure say why, and whether it is broken or just not built."""
-    try:
-        return _Extension(importlib.import_module(f"...{name}", __package__), "", False)
-    except Exception as exc:  # ImportError (undefined symbol, missing library), or its init raising
-        files = _compiled_files(name)
-        if not files:
-            return _Extension(None, f"{not_built or kernels + ' are unavailable'}: geomkern.{name} is not "
-                                    f"built (no compiled file in {_PACKAGE}); {build}", False)
-        suffixes = importlib.machinery.EXTENSION_SUFFIXES
-        other = "" if any(p.name == name + s for p in files for s in suffixes) else \
-            f" (built for another Python or platform: this one loads {name}{suffixes[0]})"
-        return _Extension(None, f"{kernels} are unavailable: geomkern.{name} is built "
-                                f"({', '.join(p.name for p in files)}) "
-                                f"but cannot be loaded here{other}: {type(exc).__name__}: {exc}; "
-                                f"rebuild it for this environment: {build}", True)
-
-
 _TAGGED = re.compile(r"\[geomkern (ValueError|TypeError)\] (.*)", re.S)
 _ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
 
 
-class _CpuLibrary:
-    """geomkern._C as the backend calls it: the operators it registers with torch
-    (``torch.ops.geomkern_native``, csrc/geomkern.cpp) by name, and the variant choice checked here
-    so that a bad name is a ValueError with the variants listed."""
+class _Library:
+    """A library of operators registered with torch (``torch.ops.<namespace>``) as the backend
+    calls them: by name, with the checks' tagged RuntimeErrors raised as the Python type they name
+    (csrc/stable.h: ``[geomkern ValueError] ...``)."""
 
     def __init__(self, ops):
         self._ops = ops
@@ -105,6 +90,11 @@ class _CpuLibrary:
         call.__name__ = name
         setattr(self, name, call)  # made once: later lookups find it without __getattr__
         return call
+
+
+class _CpuLibrary(_Library):
+    """geomkern._C (``torch.ops.geomkern_native``, csrc/geomkern.cpp), with the variant choice
+    checked here so that a bad name is a ValueError with the variants listed."""
 
     def select_cpu_isa(self, isa: str) -> None:
         names, runnable = self._ops.cpu_isas(False), self._ops.cpu_isas(True)
@@ -154,29 +144,85 @@ def _select_cpu_isa(ext: _Extension, isa: str) -> _Extension:
     return ext
 
 
+def _cuda_major(version: str | None) -> int | None:
+    """12 for "12.8"; None for no version (a CPU-only torch) or an unparsable one."""
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
+
+
+def _load_cuda(build: str) -> _Extension:
+    """geomkern._C_cuda: a plain shared library on torch's stable ABI (no Python module), loaded
+    with torch.ops.load_library; its operators land in torch.ops.geomkern_cuda. It links the CUDA
+    runtime statically and loads into any CUDA build of torch >= 2.10 of the CUDA major version it
+    was built with (its cuda_version operator says which); beside a CPU-only torch it is not
+    loaded at all (it needs libtorch_cuda)."""
+    kernels = "the native CUDA kernels"
+    files = _compiled_files("_C_cuda")
+    if not files:
+        return _Extension(None, f"geomkern was not compiled with CUDA: geomkern._C_cuda is not built (no "
+                                f"compiled file in {_PACKAGE}); {build}", False)
+    lib = next((p for p in files if p.name == "_C_cuda.abi3.so"), files[0])
+    if torch.version.cuda is None:  # the one wheel beside a CPU-only torch: supported, not broken
+        return _Extension(None, f"{kernels} are unavailable: torch {torch.__version__} is a CPU-only build "
+                                f"(torch.version.cuda is None), and geomkern._C_cuda ({lib.name}) runs on a "
+                                "CUDA build of torch: install one (e.g. `pip install torch --index-url "
+                                "https://download.pytorch.org/whl/cu130`) on a machine with an NVIDIA GPU",
+                          False)
+    try:
+        torch.ops.load_library(str(lib))
+        ops = torch.ops.geomkern_cuda
+        built = int(ops.cuda_version())  # raises if the file registered no geomkern_cuda operators
+    except Exception as exc:  # an undefined symbol (torch older than 2.10), a foreign file
+        return _Extension(None, f"{kernels} are unavailable: geomkern._C_cuda is built ({lib.name}) but "
+                                f"cannot be loaded here (torch {torch.__version__}, CUDA {torch.version.cuda}; "
+                                f"it needs a CUDA build of torch >= 2.10 and a build of this geomkern): "
+                                f"{type(exc).__name__}: {exc}; rebuild it for this environment: {build}", True)
+    built_version = f"{built // 1000}.{built % 1000 // 10}"
+    if _cuda_major(torch.version.cuda) != built // 1000:
+        return _Extension(None, f"{kernels} are unavailable: geomkern._C_cuda ({lib.name}) was built with CUDA "
+                                f"{built_version}, but torch {torch.__version__} uses CUDA {torch.version.cuda}; "
+                                f"the major versions must match: install a torch built for CUDA {built // 1000} "
+                                f"(e.g. `pip install torch --index-url https://download.pytorch.org/whl/"
+                                f"cu{built // 1000}0`), or rebuild geomkern against this torch with a CUDA "
+                                f"{torch.version.cuda} toolkit: {build}", True)
+    return _Extension(_Library(ops), "", False, cuda=built_version)
+
+
 def _find() -> tuple[_Extension, _Extension]:
     """geomkern._C (on the variant GEOMKERN_CPU_ISA names, if set) and geomkern._C_cuda as this
     process finds them."""
     return (_select_cpu_isa(_load_cpu(_BUILD_CPU),
                             os.environ.get("GEOMKERN_CPU_ISA", "").strip()),
-            _load("_C_cuda", "the native CUDA kernels", _BUILD_CUDA,
-                  not_built="geomkern was not compiled with CUDA"))
+            _load_cuda(_BUILD_CUDA))
 
 
 _CPU, _CUDA = _find()
 _C, _C_cuda = _CPU.module, _CUDA.module
 
 
+def _no_device() -> str:
+    """Why the loaded geomkern._C_cuda cannot run here ("" where a CUDA device is visible). Asked
+    when needed, not at import: torch.cuda.is_available() initialises the driver."""
+    if torch.cuda.is_available():
+        return ""
+    return (f"the native CUDA kernels are unavailable: geomkern._C_cuda (CUDA {_CUDA.cuda}) is built and "
+            f"loads, but torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is "
+            "False: no NVIDIA GPU, no driver, or CUDA_VISIBLE_DEVICES hides them); they run on a "
+            "machine with an NVIDIA GPU and its driver")
+
+
 def why_not(device_type: str | None = None) -> str:
     """"" when the native kernels for ``device_type`` ("cpu": geomkern._C, "cuda":
-    geomkern._C_cuda) are built and load, else why not and how to get them; None: "" when either
-    extension loaded."""
+    geomkern._C_cuda and a CUDA device) are built, load and can run, else why not and how to get
+    them; None: "" when either can."""
     if device_type is None:
-        return _CPU.why_not if _CUDA.why_not else ""
+        return _CPU.why_not if why_not("cuda") else ""
     if device_type == "cpu":
         return _CPU.why_not
     if device_type == "cuda":
-        return _CUDA.why_not
+        return _CUDA.why_not or _no_device()
     return f"the native backend has kernels for cpu and cuda tensors only, not {device_type}"
 
 
@@ -286,7 +332,7 @@ def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
         def preimage_gd_cuda(Z0, B, T, gamma, steps, lr, precision=None):  # csrc/cuda/preimage.cu
             S, D = B.shape
             points = C_cuda.preimage_gd_points(S, D, Z0.dtype == torch.float64, Z0.device.index or 0)
-            if points <= 0:  # said here, before the kernel's own check (see cuda_ops.cpp)
+            if points <= 0:  # said here, before the library's own check (see cuda_ops.cpp)
                 why = ("the CUDA pre-image kernel keeps 8 points' iterate and weights (8 (S + D) "
                        f"elements) in shared memory, which S = {S}, D = {D} in {Z0.dtype} exceed on "
                        "this device" if points == 0 else
