@@ -22,11 +22,11 @@ from ._io import atomic_write
 
 FORMAT = "fedsim.checkpoint"
 VERSION = 1
-# configuration keys a resume may change without invalidating the checkpoints (_validate_config.RESUMABLE)
+# configuration keys a resume may change without invalidating the checkpoints (plugins.RESUMABLE)
 _NOT_FINGERPRINTED = ("rounds",)
 # RunConfig keys added after checkpoints of this version were first written, each with the value
 # that runs as the run folders from before it did (no validation rows, no tuning): left out of the
-# fingerprint at that value, so such a folder still resumes (_validate_config.read_config_json
+# fingerprint at that value, so such a folder still resumes (config.read_config_json
 # gives its config.json that value)
 _ADDED = {"val_fraction": 0.0, "tune_lr": [], "tune_epochs": []}
 

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .config import ConfigError
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -65,6 +67,27 @@ def check_can_create(path, flag: str) -> None:
             raise ValueError(f"{flag} {path}: the folder {p} is not writable")
 
 
+def check_out(out, *, resume: bool) -> Path:
+    """``--out`` (or ``--resume``'s folder) can hold a run: a folder, or a path whose nearest
+    existing ancestor is a writable folder; else a ConfigError naming the flag."""
+    flag = "--resume" if resume else "--out"
+    out = Path(out)
+    if resume:
+        if not out.is_dir():
+            raise ConfigError(f"{flag} {out}: {'it is a file, not' if out.exists() else 'there is no'} "
+                              "run folder there")
+        return out
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag} {out} is an existing file; name a folder (new or holding no run)")
+    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {out}: the folder is not writable")
+    try:
+        check_can_create(out, flag)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return out
+
+
 def remove_stale_tmp(folder) -> list[Path]:
     """Delete the ``*.tmp`` files an interrupted :func:`atomic_write` left under ``folder`` (a
     process killed between writing and renaming); returns what was removed. Their targets still
@@ -82,7 +105,7 @@ def json_text(obj) -> str:
     timings.json). JSON has no infinity, and Python's own ``Infinity`` token is refused by strict
     readers (jq, JavaScript), so an infinite float, which a configuration may hold (fedmc's
     ``epsilon`` and ``epsilon_total`` accept inf: no DP noise), is written as the string "inf"
-    (or "-inf"); ``_validate_config.read_config_json`` turns it back into a float. NaN has no
+    (or "-inf"); ``config.read_config_json`` turns it back into a float. NaN has no
     meaning in these files: it raises ValueError."""
     def encode(v):
         if isinstance(v, float) and math.isinf(v):

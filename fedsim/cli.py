@@ -69,16 +69,16 @@ def run_config(args, given: dict):
     (``given``: RunConfig field -> value of each config flag given; --algorithms/--augmenters;
     --set; --epsilon-total). Built and not yet validated (run() validates it)."""
     from . import presets
-    from ._params import apply_params, parse_set
+    from .config import RunConfig, apply_params, config_from_tables, parse_set, read_config_toml
     from .models import apply_run_defaults
-    from .runner import RunConfig, config_from_tables, read_config_toml
+    from .plugins import plugin_class
 
     # defaults < --preset < --config file < flags (fedsim/presets/__init__.py)
     tables = ([presets.load(args.preset)] if args.preset else []) + \
              ([read_config_toml(args.config)] if args.config else [])
     where = " + ".join(w for w, on in ((f"preset {args.preset}", args.preset),
                                        (f"config file {args.config}", args.config)) if on)
-    cfg = config_from_tables(*tables, where=where) if tables else RunConfig()
+    cfg = config_from_tables(*tables, lookup=plugin_class, where=where) if tables else RunConfig()
     for attr, v in given.items():
         setattr(cfg, attr, v)
     if "model" in given:  # --model mlp:512x2 -> model "mlp", model_params hidden/depth (models.parse_model)
@@ -97,8 +97,8 @@ def run_config(args, given: dict):
             for plugin, kv in t.get("params", {}).items():
                 params.setdefault(plugin, {}).update(kv)
         cfg.methods = _methods(args.algorithms or "fedavg", args.augmenters or _default_augmenters(args.algorithms))
-        apply_params(cfg.methods, params, override=False)
-    apply_params(cfg.methods, parse_set(args.set), override=True, source="--set")
+        apply_params(cfg.methods, params, plugin_class, override=False)
+    apply_params(cfg.methods, parse_set(args.set, plugin_class), plugin_class, override=True, source="--set")
     if args.epsilon_total is not None:
         dp = [m for m in cfg.methods if m.augmenter == "fedmc"]
         if not dp:
@@ -115,10 +115,9 @@ def _auto_threads(cfg) -> int:
     import inspect
 
     from ._threads import default_threads, step_work
-    from ._validate_config import read_config_json
+    from .config import RunConfig, read_config_json
     from .data import load_dataset
     from .models import MLPHead
-    from .runner import RunConfig
 
     try:
         if isinstance(cfg, Path):
@@ -137,7 +136,7 @@ def _run(args) -> int:
 
     import torch
 
-    from ._validate_config import FLAGS
+    from .config import FLAGS
     from .report import format_table, partition_text
     from .runner import RunConfig, run
 
@@ -514,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedsim: error: missing {', '.join(missing)}; install the simulator's dependencies with "
               "pip install 'geomkern[fedsim]'", file=sys.stderr)
         return 2
-    from ._validate_config import check_cli_numbers
+    from .config import check_cli_numbers
 
     try:
         check_cli_numbers(args)

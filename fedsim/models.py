@@ -5,11 +5,16 @@ representation-level algorithms (MOON's contrast, FedProto's prototypes) work on
 """
 from __future__ import annotations
 
+import inspect
+import os
 import re
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .config import Bool, ConfigError, Int, Real
 
 
 class CosineHead(nn.Module):
@@ -17,6 +22,8 @@ class CosineHead(nn.Module):
 
     The scale s is learnable (stored as log s) or fixed. Features are the normalised inputs.
     """
+
+    params = {"scale": Real(0, lo_open=True), "learn_scale": Bool()}  # the kinds of model_params
 
     def __init__(self, dim: int, n_classes: int, *, scale: float = 10.0, learn_scale: bool = True):
         super().__init__()
@@ -50,6 +57,8 @@ class MLPHead(nn.Module):
     (same parameters, names and initialisation as before ``depth`` existed). On the command line:
     ``--model mlp:512x2`` (``parse_model``).
     """
+
+    params = {"hidden": Int(1), "depth": Int(1)}
 
     def __init__(self, dim: int, n_classes: int, *, hidden: int = 256, depth: int = 1):
         super().__init__()
@@ -115,6 +124,8 @@ class PersonalNet(nn.Module):
     representation layer, the head reads phi_i(x) (the FLIC authors' "classif" model, FLIC-Class:
     nothing but the anchors is shared)."""
 
+    params = {"embed_dim": Int(1), "embed_hidden": Int(1), "hidden": Int(0)}  # hidden 0: FLIC-Class
+
     def __init__(self, dim: int, n_classes: int, *, embed_dim: int = 16, embed_hidden: int = 32, hidden: int = 32):
         super().__init__()
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
@@ -164,6 +175,95 @@ def apply_run_defaults(cfg) -> dict:
     for k, v in changed.items():
         setattr(cfg, k, v)
     return changed
+
+
+def model_defaults(model: str) -> dict:
+    """The keyword parameters (model_params) of model ``model`` and their defaults: its constructor's."""
+    sig = inspect.signature(MODELS[model].__init__)
+    return {n: p.default for n, p in sig.parameters.items()
+            if p.kind == p.KEYWORD_ONLY and p.default is not inspect.Parameter.empty}
+
+
+# ------------------------------------------------------------------------------ memory
+# Where the free memory cannot be read (no /proc/meminfo, no sysconf), a run's model may take at
+# most this many bytes: a laptop's worth, so that an absurd --model is still refused by name.
+MEMORY_CAP_UNKNOWN = 16 * 2 ** 30
+# cgroup files that bound this process's memory (v2, then v1): (limit, usage)
+_CGROUP_MEMORY = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """(bytes free for a run's tensors on ``device`` now, what that figure is): CUDA's free memory;
+    on the CPU the kernel's MemAvailable, or less where a cgroup limits this process (a container's
+    limit is what kills it, however much the host has free); MEMORY_CAP_UNKNOWN where neither can
+    be read."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]), f"free on {device}"
+    free = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free.append((int(line.split()[1]) * 1024, "of memory available"))
+    except (OSError, ValueError, IndexError):
+        pass
+    if not free:
+        try:
+            free.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "of memory free"))
+        except (AttributeError, ValueError, OSError):
+            pass
+    for limit, usage in _CGROUP_MEMORY:
+        try:
+            cap, used = Path(limit).read_text().strip(), int(Path(usage).read_text())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 2 ** 60:  # "max", or v1's huge number: no limit
+            free.append((max(int(cap) - used, 0), f"left under this process's memory limit ({limit})"))
+    if not free:
+        return MEMORY_CAP_UNKNOWN, "that fedsim allows a model where the free memory cannot be read " \
+                                   "(models.MEMORY_CAP_UNKNOWN)"
+    return min(free)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def check_model_memory(cfg, dim: int, n_classes: int) -> None:
+    """Refuse an mlp head (``cfg.model_params`` hidden x depth, on ``dim`` inputs and ``n_classes``
+    classes) whose training cannot fit in the memory free now, before anything is written: ``fedsim
+    run --model mlp:64x100000`` would otherwise allocate for minutes, leave a run folder and be
+    killed. The figure is a lower bound: the float32 copies of the parameters that a round holds at
+    once (the global model, the server's weights, a client's copy of them, the gradients, SGD's
+    momentum, the aggregate, one update per selected client) and the activations a batch keeps for
+    the backward pass (before and after each ReLU); an algorithm's own state (SCAFFOLD's control
+    variates, MOON's previous models) only adds to it."""
+    if cfg.model != "mlp":  # the other heads have fixed small sizes (linear: C x D) or a frozen tower
+        return
+
+    p = {**model_defaults("mlp"), **cfg.model_params}
+    hidden, depth = p["hidden"], p["depth"]
+    n_selected = max(1, int(round(cfg.client_fraction * cfg.n_clients)))  # as the round loop selects
+    copies = 5 + (cfg.momentum > 0) + n_selected
+
+    def need(layers: int) -> int:
+        return 4 * (copies * mlp_parameters(dim, n_classes, hidden=hidden, depth=layers)
+                    + 2 * cfg.batch_size * hidden * layers)
+
+    free, what = available_memory(cfg.device)
+    if need(depth) <= free:
+        return
+    per_layer = need(2) - need(1)
+    fits = 1 + (free - need(1)) // per_layer if need(1) <= free else 0
+    hint = (f"at width {hidden} at most {fits} hidden layer(s) fit (mlp:{hidden}x{fits})" if fits
+            else f"even one hidden layer of width {hidden} does not fit: give a smaller WIDTH")
+    raise ConfigError(f"--model mlp:{hidden}x{depth}: this head has "
+                      f"{mlp_parameters(dim, n_classes, hidden=hidden, depth=depth):,} parameters ({dim} inputs, "
+                      f"{depth} hidden layer(s) of {hidden}, {n_classes} classes); training it holds at least "
+                      f"{copies} float32 copies of them ({n_selected} of them the updates of the clients selected "
+                      f"per round) and a batch's activations, {_gb(need(depth))}, more than the {_gb(free)} {what}. "
+                      f"Give a smaller WIDTHxDEPTH ({hint}), select fewer clients per round (--fraction, "
+                      "--clients), or run where more memory is free")
 
 
 def build_model(name: str, dim: int, n_classes: int, *, class_names=None, **kwargs) -> nn.Module:

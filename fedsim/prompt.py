@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .config import Bool, Choice, Either, Int, Nothing, Real, Str
+
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # the name fedsim embed / the dataset meta use
 
 # WordNet 3.0 lexnames(5WN): the documented contents of each noun lexicographer file.
@@ -390,6 +392,10 @@ class PromptHead(nn.Module):
     """
 
     needs_class_names = True
+    params = {"n_ctx": Either(Nothing(), Int(0)), "ctx_init": Either(Nothing(), Str()),  # the kinds of model_params
+              "class_text": Choice("word", "lexnames", "name"), "csc": Bool(), "scale": Real(0, lo_open=True),
+              "learn_scale": Bool(), "tower": Choice("minilm", "clip"), "allow_other_encoder": Bool(),
+              "tower_model": Either(Nothing(), Str()), "tower_pretrained": Either(Nothing(), Str())}
 
     def __init__(self, dim: int, n_classes: int, class_names, *, n_ctx: int | None = None,
                  ctx_init: str | None = None, class_text: str = "word", csc: bool = False,

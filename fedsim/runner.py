@@ -1,4 +1,5 @@
-"""A run: its configuration (``RunConfig``), every (method, seed) through the one round loop
+"""A run: a validated ``RunConfig`` (config.py; checked against the registries by plugins.validate)
+with the checks that need its dataset and engine (``plan``), every (method, seed) through the one round loop
 (loop.run_rounds; ``GlobalFederation`` here, personal.PersonalFederation for the personalised
 methods), its clients reached through an engine (engine.py: ``LocalEngine`` by default, the Flower
 engine in fedsim/flower, which imports this module), and its outputs.
@@ -14,174 +15,41 @@ one-time geometry set-up and the wall time (``wall_s``).
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
-    import tomli as tomllib
 
 import numpy as np
 import torch
 
 from . import _checkpoint, report
-from ._io import atomic_write, json_text, remove_stale_tmp
-from ._params import apply_params, check_params_table
-from ._specs import CENTRALISED, MethodSpec, default_methods, slug
-from ._validate_config import (ConfigError, apply_resume_changes, check_config, check_model_memory, check_out,
-                               read_config_json)
+from ._io import atomic_write, check_out, json_text, remove_stale_tmp
 from .algorithms import build_algorithm
 from .augmenters import build_augmenter
 from .client import DivergedError, client_round
+from .config import CENTRALISED, ConfigError, MethodSpec, RunConfig, default_methods, read_config_json, slug
 from .data import load_dataset
 from .data.clients import client_data, make_partition
 from .data.partition import USES_BETA
 from .engine import Engine, LocalEngine
 from .loop import Federation, run_rounds
 from .metrics import CONVERGENCE_WINDOW, accuracy, convergence, evaluate, final_report
-from .models import MODELS, apply_run_defaults, build_model, has_trunk, run_defaults
+from .models import build_model, check_model_memory, run_defaults
 from .personal import (TUNING_NEEDS, PersonalFederation, is_personal_run, personal_dataset, personal_unused,
                        run_personal_method)
+from .plugins import apply_resume_changes, load_config, validate
 from .prompt import check_prompt_dataset
 
-# public here too: MethodSpec, slug, CENTRALISED and default_methods live in _specs (a leaf);
-# client_round in client.py (the engines' one client step)
+# public here too: RunConfig, MethodSpec, slug, CENTRALISED and default_methods live in config.py (a
+# leaf), load_config and validate in plugins.py; client_round in client.py (the engines' one client step)
 __all__ = ["CENTRALISED", "MethodSpec", "RunConfig", "client_round", "default_methods", "load_config",
-           "run", "run_method", "slug"]
-
-
-@dataclass
-class RunConfig:
-    dataset: str = "default"
-    partition: str = "dirichlet"
-    beta: float = 0.1
-    n_clients: int = 10
-    min_size: int = 10
-    feature_shift: float = 0.0  # per-client rotation strength (partition.feature_shift); 0 = none
-    feature_noise: float = 0.0  # norm of the fixed per-row noise of that option
-    client_fraction: float = 1.0
-    # rounds, batch_size, lr: None = the model's default (models.RUN_DEFAULTS), filled in by validate()
-    rounds: int | None = None
-    local_epochs: int = 1
-    batch_size: int | None = None
-    lr: float | None = None
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    model: str = "linear"
-    model_params: dict = field(default_factory=dict)
-    zero_shot: bool = False  # initialise the linear head from the dataset's class_text embeddings
-    # also train the ceiling row CENTRALISED: one client holding every client's training rows as that
-    # client sees them (its view under a feature shift; FedAvg, no augmenter, the same head, rounds x
-    # local_epochs epochs over the pooled rows), tested like the federated methods
-    centralised: bool = False
-    # share of each client's training rows held out as its validation rows (seeded, stratified per
-    # class: data/split.validation_split): the convergence check and --tune read them, training and
-    # the augmenters never see them; 0 = none (no convergence check, no tuning)
-    val_fraction: float = 0.1
-    # --tune: the grids each method's lr / local_epochs is chosen from, on the validation rows
-    # (tune_method); [] = that value is not tuned
-    tune_lr: list = field(default_factory=list)
-    tune_epochs: list = field(default_factory=list)
-    methods: list[MethodSpec] = field(default_factory=default_methods)
-    seed: int = 0
-    seeds: int = 1
-    device: str = "cpu"
-
-    def validate(self) -> "RunConfig":
-        apply_run_defaults(self)  # the model's rounds / batch_size / lr where they are None
-        check_config(self)  # type, range and finiteness of every value first (_validate_config)
-
-        def bad(name, why):
-            raise ValueError(f"config: {name} {why}")
-
-        if self.centralised and any(slug(m.name) == slug(CENTRALISED) for m in self.methods):
-            bad("methods", f"has a method named like {CENTRALISED!r}, the row centralised adds: rename it")
-        if (self.tune_lr or self.tune_epochs) and self.val_fraction == 0:
-            bad("val_fraction (--val-fraction)", "is 0, but tuning (--tune, --tune-lr, --tune-epochs) chooses on "
-                "the validation rows: give a fraction > 0 (default 0.1)")
-        self.tune_lr, self.tune_epochs = sorted(set(self.tune_lr)), sorted(set(self.tune_epochs))
-        # what the value tables cannot see: the plug-ins' own checks and how they combine
-        for m in self.methods:
-            algo = build_algorithm(m.algorithm, **m.algorithm_params)  # unknown hyper-parameters raise here
-            try:
-                algo.check_run(self.local_epochs)
-            except ValueError as exc:
-                bad(f"methods[{m.name}].algorithm_params", f"do not fit the run: {exc}")
-            if getattr(algo, "needs_trunk", False) and not has_trunk(MODELS[self.model]):
-                bad("model", f"is {self.model!r}, which has no trunk, but methods[{m.name}].algorithm "
-                    f"{m.algorithm!r} trains a classifier on trunk features: use model='mlp'")
-            augmenter = build_augmenter(m.augmenter, **m.augmenter_params)
-            if m.augmenter_params.get("epsilon_total") not in (None, math.inf):  # fedmc's budget
-                augmenter.rounds = self.rounds
-                augmenter.release_epsilon()  # a budget too small to split is refused here, not in round 1
-        return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        if not isinstance(d, dict):
-            raise ConfigError(f"config: must be a table of RunConfig keys, got a {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"config: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
-        d = dict(d)
-        if "methods" in d:
-            if not isinstance(d["methods"], list):
-                raise ConfigError(f"config: methods must be a list of [[methods]] tables (name, algorithm, "
-                                  f"augmenter, ...), got {d['methods']!r}")
-            mk = {f.name for f in fields(MethodSpec)}
-            methods = []
-            for i, m in enumerate(d["methods"]):
-                if not isinstance(m, dict) or "name" not in m or set(m) - mk:
-                    raise ValueError(f"config: methods[{i}] must be a table with 'name' and only {sorted(mk)}")
-                methods.append(MethodSpec(**m))
-            d["methods"] = methods
-        return cls(**d)
-
-
-def read_config_toml(path) -> dict:
-    """A TOML config file's tables as a dict (a clear error for a missing or malformed file)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}")
-    try:
-        return tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
-
-
-def config_from_tables(*tables: dict, where: str = "config") -> RunConfig:
-    """A RunConfig from config tables (a preset's, then a config file's): later tables override
-    earlier ones key by key ([[methods]] as a whole, [params.PLUGIN] per key), and each
-    [params.PLUGIN] table is given to every method using that plug-in, under the method's own
-    algorithm_params / augmenter_params (fedsim/presets/__init__.py)."""
-    merged: dict = {}
-    params: dict = {}
-    for t in tables:
-        t = dict(t)
-        for plugin, kv in check_params_table(t.pop("params", {}), where).items():
-            params.setdefault(plugin, {}).update(kv)
-        merged.update(t)
-    cfg = RunConfig.from_dict(merged)
-    apply_params(cfg.methods, params, override=False)
-    return cfg
-
-
-def load_config(path) -> RunConfig:
-    """A TOML config file (top-level keys = RunConfig fields; [[methods]] tables; [params.PLUGIN]
-    tables of hyper-parameters for every method using that algorithm or augmenter)."""
-    return config_from_tables(read_config_toml(path), where=f"config file {path}")
+           "run", "run_method", "slug", "validate"]
 
 
 def write_config_json(cfg: RunConfig, out: Path, engine: str) -> None:
     """out/config.json: every RunConfig field (what ``--resume`` reads back through
-    _validate_config.read_config_json) and ``engine``, the engine the run was started on ("local" or
+    config.read_config_json) and ``engine``, the engine the run was started on ("local" or
     "flower", as ``--engine``), a record only: it is not a RunConfig field. An infinite value
     (fedmc's epsilon, epsilon_total) is the string "inf" (_io.json_text)."""
     with atomic_write(out / "config.json") as tmp:
@@ -494,7 +362,7 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
             raise ValueError(f"--resume {out}: no config.json there, so it is not a fedsim run folder")
         try:
             stored, recorded_engine = read_config_json(cfg_path)
-            cfg = RunConfig.from_dict(stored).validate()
+            cfg = validate(RunConfig.from_dict(stored))
         except ValueError as exc:
             raise ConfigError(f"--resume {out}: {cfg_path} cannot be used ({exc}); the run cannot be resumed: "
                               "start it again with another --out") from None
@@ -506,7 +374,7 @@ def plan(cfg: RunConfig, out_dir, *, resume: bool = False, changes: dict | None 
             raise ValueError(f"--resume {out}: that run already finished (results.json exists); pass "
                              f"--rounds N with N > {cfg.rounds} to continue it")
     else:
-        cfg.validate()
+        validate(cfg)
         if (out / "config.json").is_file():
             raise ValueError(f"{out} already holds a run; resume it with --resume {out} or choose "
                              "another --out")

@@ -186,6 +186,16 @@ def test_the_flower_layer_is_either_below_or_above_the_runner():
     assert "fedsim.runner" not in set().union(*(_reach(graph, m) for m in below)), sorted(below)
 
 
+def test_a_flower_node_never_imports_the_runner():
+    """The ClientApp (what a SuperNode runs) reaches no runner: a client needs the configuration
+    (config.py), its checks (plugins.py) and the client step, never the run driver (issue 41: it
+    imported the whole runner to get RunConfig and client_data)."""
+    graph = _graph("fedsim")
+    seen = _reach(graph, "fedsim.flower.client_app")
+    assert "fedsim.runner" not in seen, sorted(seen)
+    assert {"fedsim.config", "fedsim.plugins"} <= seen
+
+
 def test_the_flower_apps_never_branch_on_an_augmenter():
     """The Flower apps reach an augmenter through its exchange hooks only: no augmenter's name is a
     string in their code (issue 30: they branched on "ggeur" / "fedmc" and on FedMC's protocol)."""
@@ -209,10 +219,28 @@ def test_the_tests_import_the_checkouts_packages():
     assert fedsim.__file__ == str(ROOT / "fedsim" / "__init__.py"), fedsim
 
 
-def test_the_configuration_kinds_are_a_leaf():
-    """fedsim/config.py (the value kinds every plug-in declares its params with) imports no fedsim
-    module, so no registry: a plug-in can import it without closing a circle."""
-    assert _graph("fedsim")["fedsim.config"] == set()
+def test_the_configuration_is_a_leaf():
+    """fedsim/config.py (RunConfig, its files and flags, and the value kinds every plug-in declares
+    its params with) imports no fedsim module, so no registry: a plug-in can import it without
+    closing a circle. The checks that need the registries are in plugins.py, and only there
+    (issue 41: _validate_config.py and _params.py held them, and runner.py held RunConfig)."""
+    graph = _graph("fedsim")
+    assert graph["fedsim.config"] == set()
+    for gone in ("fedsim._validate_config", "fedsim._params"):
+        assert gone not in graph
+
+
+def test_every_model_declares_its_params():
+    """Every model declares the kind of each of its keyword parameters (``params``, the model_params
+    a run may give it), as the plug-ins do: the config checker's model table lived apart from the
+    models (issue 41)."""
+    from fedsim import config
+    from fedsim.models import MODELS, model_defaults
+
+    kinds = tuple(v for v in vars(config).values() if isinstance(v, type) and hasattr(v, "describe"))
+    for name, cls in MODELS.items():
+        assert set(cls.params) == set(model_defaults(name)), name
+        assert all(isinstance(k, kinds) for k in cls.params.values()), name
 
 
 def test_every_plugin_declares_its_params():

@@ -15,7 +15,7 @@ from torch import nn
 
 from geomkern.exchange import nbytes
 
-from .._specs import merge_params
+from ..config import merge_params
 from ..config import Real
 
 

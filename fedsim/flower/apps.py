@@ -11,6 +11,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from .. import runner
+from ..config import RunConfig, read_config_json
 from . import _reaper
 from .client_app import app as client_app
 from .engine import ROUND_TIMEOUT, FlowerEngine
@@ -75,7 +76,7 @@ def deployed(grid: Grid, context: Context) -> None:
     rc = context.run_config
     path = Path(str(rc["config"]))
     if path.suffix == ".json":
-        cfg = runner.RunConfig.from_dict(runner.read_config_json(path)[0])  # [1], the engine it records: not needed
+        cfg = RunConfig.from_dict(read_config_json(path)[0])  # [1], the engine it records: not needed
     else:
         cfg = runner.load_config(path)
     runner.run(cfg, Path(str(rc["out"])), progress=False,

@@ -26,21 +26,22 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from .. import runner
 from ..algorithms import build_algorithm
 from ..augmenters import build_augmenter
 from ..client import DivergedError, client_round
+from ..config import RunConfig
 from ..data import load_dataset
 from ..data.clients import client_data, make_partition
 from ..metrics import evaluate as evaluate_model
 from ..models import build_model
+from ..plugins import validate
 from . import codec
 from .exchange import answer, client_augmenter
 
 
 @functools.lru_cache(maxsize=4)
-def _config(cfg_json: str) -> runner.RunConfig:
-    return runner.RunConfig.from_dict(json.loads(cfg_json)).validate()
+def _config(cfg_json: str) -> RunConfig:
+    return validate(RunConfig.from_dict(json.loads(cfg_json)))
 
 
 @functools.lru_cache(maxsize=2)

@@ -57,7 +57,7 @@ def demo_config(path=None, *, clients: int | None = None, rounds: int | None = N
         cfg.n_clients = clients
     if rounds is not None:
         cfg.rounds = rounds
-    return cfg.validate()
+    return runner.validate(cfg)
 
 
 def free_ports(n: int) -> list[int]:
@@ -135,7 +135,7 @@ def run_deployment(cfg: runner.RunConfig, out, *, timeout: float = 600.0, round_
     ``on_started(procs)`` (tests) is called with {"superlink": Popen, "supernodes": [Popen]} once the
     run was submitted."""
     require_flower()
-    cfg.validate()
+    runner.validate(cfg)
     out = Path(out).resolve()
     if (out / "results.json").exists() or (out / "config.json").exists():
         raise ValueError(f"--out {out} already holds a run; choose another --out")

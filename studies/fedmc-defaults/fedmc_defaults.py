@@ -87,9 +87,9 @@ def sweep_embedded(out: str, *, seeds=(0,), beta: float = 0.1, rounds: int = 30,
                    base: dict | None = None) -> None:
     from fedsim.data import load_dataset
     from fedsim.data.partition import partition
-    from fedsim.runner import MethodSpec, RunConfig, run_method
+    from fedsim.runner import MethodSpec, RunConfig, run_method, validate
 
-    cfg = RunConfig(beta=beta, rounds=rounds).validate()  # the model's lr / batch size where None
+    cfg = validate(RunConfig(beta=beta, rounds=rounds))  # the model's lr / batch size where None
     ds = load_dataset(cfg.dataset)
     specs = [("FedAvg", MethodSpec("FedAvg")), ("FedAvg+GGEUR", MethodSpec("FedAvg+GGEUR", augmenter="ggeur"))]
     # the recorded sweeps ran under protocol="fixed" (the default then; n_per_sample and

@@ -35,7 +35,7 @@ from fedsim import augmenters
 from fedsim._seeds import AUGMENT, generator
 from fedsim.augmenters import Augmenter, ClientData, build_augmenter
 from fedsim.data import load_dataset
-from fedsim.runner import MethodSpec, RunConfig, client_data, make_partition, run
+from fedsim.runner import MethodSpec, RunConfig, client_data, make_partition, run, validate
 
 PRESET = dict(n_base=512, n_clusters=3, gamma="1/D", formulation="paper", method="gd", anchored=False,
               protocol="algorithm1")  # fedsim/presets/fedmc-paper.toml's [params.fedmc]
@@ -60,7 +60,7 @@ def decompose(xa: torch.Tensor, x: torch.Tensor, g_hat: torch.Tensor) -> tuple[t
 
 def geometry(args) -> dict:
     torch.set_num_threads(1)
-    cfg = RunConfig(beta=args.beta).validate()
+    cfg = validate(RunConfig(beta=args.beta))
     ds = load_dataset(cfg.dataset)
     seed, r = 0, args.round
     clients, _ = client_data(cfg, ds, make_partition(cfg, ds, seed), seed)

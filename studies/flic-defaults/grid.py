@@ -32,7 +32,7 @@ from fedsim.algorithms.flic import FLIC
 from fedsim.data.dataset import ClientSplit, PersonalDataset
 from fedsim.data.toy import load_toy
 from fedsim.personal import run_personal_method
-from fedsim.runner import MethodSpec, RunConfig
+from fedsim.runner import MethodSpec, RunConfig, validate
 
 VAL_SHARE = 0.25
 # one FLIC setting per step, in this order; the first value of each is today's default. The
@@ -72,7 +72,7 @@ def score(toy: str, n: int, seed: int, params: dict | None, cache: dict, tmp: Pa
     dataset = f"toy:{toy}"
     cfg = RunConfig(dataset=dataset, n_clients=n, model="personal", **run,
                     methods=[MethodSpec("Local", "local"), MethodSpec("FLIC", "flic", algorithm_params=params or {})])
-    cfg.validate()
+    validate(cfg)
     ds = validation_dataset(load_toy(dataset, n_clients=n, seed=seed), seed)
     key = (toy, n, seed, tuple(sorted(run.items())))
     if key not in cache:

@@ -14,10 +14,11 @@ from _ggeur_clients import client_statistics
 import geomkern as gk
 from fedsim import client as client_module  # local_train: what client.client_round calls
 from fedsim import runner
-from fedsim._validate_config import ConfigError, apply_resume_changes
-from fedsim.augmenters import ClientData, FedMCAugmenter
+from fedsim.augmenters import ClientData, FedMCAlgorithm1, FedMCAugmenter, FedMCFixed, build_augmenter
+from fedsim.config import ConfigError
 from fedsim.data.clients import client_data
-from fedsim.runner import MethodSpec, RunConfig
+from fedsim.plugins import apply_resume_changes
+from fedsim.runner import MethodSpec, RunConfig, validate
 from geomkern import fedmc, ggeur, privacy
 
 F64 = dict(dtype=torch.float64)
@@ -104,9 +105,9 @@ def test_finite_epsilon_requires_clip_norm():
         fedmc.setup([X, X], generators=[None, None], n_prototypes=4, n_base=6, n_clusters=2, n_components=2,
                     n_entries=3, epsilon_total=4.0)
     # fedsim's documented default: a finite epsilon without clip_norm clips at 1.0 (unit-norm rows)
-    assert FedMCAugmenter(epsilon=1.0).p["clip_norm"] == 1.0 and FedMCAugmenter().p["clip_norm"] is None
-    assert FedMCAugmenter(epsilon_total=3.0).p["clip_norm"] == 1.0
-    assert FedMCAugmenter(epsilon=1.0, clip_norm=5.0).p["clip_norm"] == 5.0
+    assert FedMCAlgorithm1(epsilon=1.0).p["clip_norm"] == 1.0 and FedMCAlgorithm1().p["clip_norm"] is None
+    assert FedMCAlgorithm1(epsilon_total=3.0).p["clip_norm"] == 1.0
+    assert FedMCAlgorithm1(epsilon=1.0, clip_norm=5.0).p["clip_norm"] == 5.0
     res = fedmc.client_prototypes(X, 3, epsilon=2.0, delta=1e-5, clip_norm=1.0, generator=None)
     assert res.epsilon <= 2.0 and float(res.centers.norm(dim=1).max()) <= 1.0 + 1e-12
 
@@ -126,7 +127,7 @@ _SMALL = dict(n_prototypes=8, n_base=16, n_clusters=3, n_components=2, n_entries
 
 def test_algorithm1_round_geometry_comes_from_the_round_clients_only():
     clients = _clients()
-    a = FedMCAugmenter(**_SMALL)
+    a = FedMCAlgorithm1(**_SMALL)
     a.setup(clients, n_classes=3, seed=5)
     a.begin_round(0, [0, 2], clients, n_classes=3, seed=5)
     assert a.prepared is None and not a.replaces_data  # round 1: no dictionary yet, real data
@@ -135,11 +136,11 @@ def test_algorithm1_round_geometry_comes_from_the_round_clients_only():
     D0 = a._next
     # the same round with other data on the clients outside S_0 fuses the same dictionary
     changed = [c if k in (0, 2) else ClientData(torch.randn_like(c.x), c.y) for k, c in enumerate(clients)]
-    b = FedMCAugmenter(**_SMALL)
+    b = FedMCAlgorithm1(**_SMALL)
     b.setup(clients, n_classes=3, seed=5)
     b.begin_round(0, [0, 2], changed, n_classes=3, seed=5)
     assert torch.equal(b._next.betas, D0.betas) and torch.equal(b._next.prototypes, D0.prototypes)
-    c = FedMCAugmenter(**_SMALL)  # a client inside S_0 does change it
+    c = FedMCAlgorithm1(**_SMALL)  # a client inside S_0 does change it
     c.setup(clients, n_classes=3, seed=5)
     c.begin_round(0, [0, 2], [changed[1], changed[1], clients[2], clients[3]], n_classes=3, seed=5)
     assert not torch.equal(c._next.prototypes, D0.prototypes)
@@ -157,16 +158,21 @@ def test_algorithm1_round_geometry_comes_from_the_round_clients_only():
 
 
 def test_algorithm1_is_the_default_and_refuses_the_fixed_protocols_budget():
-    """Algorithm 1 is the default (it measured above "fixed" at every beta, docs/history.md §16); the added-
-    sample budget exists only under "fixed", so setting it without that protocol is refused by name
-    rather than ignored."""
-    assert FedMCAugmenter().p["protocol"] == "algorithm1"
+    """fedmc is Algorithm 1 (it measured above "fixed" at every beta, docs/history.md §16); the added-
+    sample budget exists only under fedmc-fixed, so setting it on fedmc is refused by name rather
+    than ignored; a configuration written before fedmc-fixed (fedmc, protocol "fixed") builds it."""
+    assert build_augmenter("fedmc").p["protocol"] == "algorithm1"
     for knob in (dict(target_per_class=200), dict(n_per_sample=1)):
-        with pytest.raises(ValueError, match=f"{next(iter(knob))}.*protocol = \"fixed\""):
-            FedMCAugmenter(**knob)
+        with pytest.raises(ValueError, match=f"{next(iter(knob))}.*fedmc-fixed.*protocol = \"fixed\""):
+            build_augmenter("fedmc", **knob)
         with pytest.raises(ValueError, match=next(iter(knob))):
-            FedMCAugmenter(protocol="algorithm1", **knob)
-        assert FedMCAugmenter(protocol="fixed", **knob).p["protocol"] == "fixed"
+            build_augmenter("fedmc", protocol="algorithm1", **knob)
+        old, new = build_augmenter("fedmc", protocol="fixed", **knob), build_augmenter("fedmc-fixed", **knob)
+        assert type(old) is type(new) is FedMCFixed and old.p == new.p and "protocol" not in new.p
+    with pytest.raises(ValueError, match="protocol='fixed' is the augmenter 'fedmc-fixed'"):
+        FedMCAlgorithm1(protocol="fixed")  # the class itself is Algorithm 1 only
+    with pytest.raises(TypeError, match="abstract"):
+        FedMCAugmenter()  # the shared steps are no augmenter of their own
 
 
 @pytest.fixture(scope="module")
@@ -186,13 +192,13 @@ def test_algorithm1_resumes_from_its_state_exactly():
     (seed, 1, S_1) and goes on exactly as the uninterrupted one: same dictionary, samples, bytes."""
     clients = _clients()
     rounds = ([0, 1], [1, 3], [0, 2])
-    a = FedMCAugmenter(**_SMALL)
+    a = FedMCAlgorithm1(**_SMALL)
     a.setup(clients, n_classes=3, seed=5)
     for r, sel in enumerate(rounds[:2]):
         a.begin_round(r, sel, clients, n_classes=3, seed=5)
     state = a.state_dict()
     a.begin_round(2, rounds[2], clients, n_classes=3, seed=5)
-    b = FedMCAugmenter(**_SMALL)
+    b = FedMCAlgorithm1(**_SMALL)
     b.setup(clients, n_classes=3, seed=5)
     b.load_state_dict(state)
     b.begin_round(2, rounds[2], clients, n_classes=3, seed=5)
@@ -222,7 +228,7 @@ def test_algorithm1_in_the_loop_calibrated_only_exact_resume_composed_privacy(tm
     ds = runner.load_dataset(str(blobs))
     parts = runner.partition("dirichlet", labels=ds.y_train, domains=None, n_clients=4, beta=0.5, seed=0, min_size=5)
     # each client's training rows: its part less its validation rows (data.clients.client_data)
-    clients, _ = client_data(_cfg(blobs).validate(), ds, parts, 0)
+    clients, _ = client_data(validate(_cfg(blobs)), ds, parts, 0)
     assert {r for r, *_ in seen} == {0, 1, 2}
     for r, cid, x, n_real in seen:
         own = clients[cid].x.to(x.dtype)
@@ -255,7 +261,7 @@ def test_algorithm1_privacy_composes_over_rounds():
     from geomkern import privacy
 
     clients = _clients()
-    a = FedMCAugmenter(**_SMALL, epsilon=2.0, clip_norm=1.0)
+    a = FedMCAlgorithm1(**_SMALL, epsilon=2.0, clip_norm=1.0)
     a.setup(clients, n_classes=3, seed=5)
     for r, sel in enumerate(([0, 1], [0, 2], [0, 1])):
         a.begin_round(r, sel, clients, n_classes=3, seed=5)
@@ -278,7 +284,7 @@ def test_algorithm1_epsilon_total_bounds_every_client_and_fewer_rounds_spend_les
     clients 1, 2, 3 make 3, 2, 1. Each release is a DP K-Means at the split epsilon; client 0 spends
     (nearly) all of the total, the others strictly less, in order."""
     total, clients = 3.0, _clients()
-    a = FedMCAugmenter(**_SMALL, epsilon_total=total)
+    a = FedMCAlgorithm1(**_SMALL, epsilon_total=total)
     a.rounds = 3
     a.setup(clients, n_classes=3, seed=5)
     for r, sel in enumerate(([0, 1], [0, 2], [0, 1])):
@@ -298,10 +304,10 @@ def test_algorithm1_epsilon_total_bounds_every_client_and_fewer_rounds_spend_les
 
 
 def test_algorithm1_epsilon_total_needs_the_rounds_and_inf_means_no_noise():
-    a = FedMCAugmenter(**_SMALL, epsilon_total=2.0)
+    a = FedMCAlgorithm1(**_SMALL, epsilon_total=2.0)
     with pytest.raises(ValueError, match="over the run's rounds"):
         a.setup(_clients(), n_classes=3, seed=0)
-    b = FedMCAugmenter(**_SMALL, epsilon_total=math.inf)
+    b = FedMCAlgorithm1(**_SMALL, epsilon_total=math.inf)
     b.rounds = 30
     assert b.release_epsilon() == math.inf and b.p["clip_norm"] is None
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.cli import main
+from fedsim.plugins import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,7 +161,7 @@ def test_the_installed_command_prints_no_traceback(tmp_path, argv, text, name):
 
 # ------------------------------------------------------------------------------ presets, --set, help texts
 def _config_of(argv):
-    from fedsim._validate_config import FLAGS
+    from fedsim.config import FLAGS
     from fedsim.cli import build_parser, run_config
 
     args = build_parser().parse_args(["run"] + argv)
@@ -183,8 +184,8 @@ def test_presets_list_print_and_load(capsys):
         assert name in presets.names() and f"{name} " in listing and presets.describe(name) in listing
         assert main(["presets", name]) == 0
         assert capsys.readouterr().out == presets.text(name)
-        cfg = _config_of(["--preset", name]).validate()  # every value of a shipped preset is valid
-        assert cfg != RunConfig().validate()
+        cfg = validate(_config_of(["--preset", name]))  # every value of a shipped preset is valid
+        assert cfg != validate(RunConfig())
     rc, err = _run(["presets", "nope"], capsys)
     assert rc == 2 and "fedmc-paper" in err and "ggeur-paper" in err
     g = _config_of(["--preset", "ggeur-paper"])
@@ -201,7 +202,7 @@ def test_flic_paper_preset_values_and_a_tiny_run(tmp_path):
     """The paper's setting reaches both methods (Adam for each), and the preset runs (2 rounds, 1 epoch)."""
     import json
 
-    c = _config_of(["--preset", "flic-paper"]).validate()
+    c = validate(_config_of(["--preset", "flic-paper"]))
     assert (c.rounds, c.client_fraction, c.local_epochs, c.lr, c.n_clients) == (50, 0.1, 10, 0.001, 20)
     params = {m.algorithm: m.algorithm_params for m in c.methods}
     assert set(params) == {"local", "flic"} and params["local"] == {"optimizer": "adam", "final_epochs": 10}
@@ -244,7 +245,7 @@ def test_set_applies_to_every_method_using_the_plugin():
         assert m.algorithm_params == ({"mu": 0.5} if m.algorithm == "fedprox" else {})
         want = {"n_base": 64, "gamma": "1/D", "epsilon": float("inf"), "method": "gd"}
         assert m.augmenter_params == (want if m.augmenter == "fedmc" else {})
-    c.validate()
+    validate(c)
     with pytest.raises(ValueError, match="nbase.*it takes .*n_base"):  # names the key, lists the known ones
         _config_of(["--set", "fedmc.nbase=3"])
     with pytest.raises(ValueError, match="neither an algorithm nor an augmenter.*fedprox.*ggeur"):
@@ -262,7 +263,7 @@ def test_help_defaults_agree_with_runconfig():
     states its default; --algorithms names the methods a bare run runs."""
     import re
 
-    from fedsim._validate_config import FLAGS
+    from fedsim.config import FLAGS
     from fedsim.cli import build_parser
     from fedsim.runner import RunConfig, default_methods
 
@@ -307,9 +308,9 @@ def test_mlp_sizes_that_make_no_layer_are_refused_by_name(tmp_path, capsys, spec
 def test_mlp_too_large_for_the_memory_is_refused_before_the_run_folder(tmp_path, capsys, monkeypatch):
     """--model mlp:64x100000 allocated past 4.5 GB and left a run folder behind; with 4.5 GB free it
     is refused naming the flag, the bytes it needs, what fits and what to change."""
-    from fedsim import _validate_config
+    from fedsim import models
 
-    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (4_500_000_000, "of memory available"))
+    monkeypatch.setattr(models, "available_memory", lambda device: (4_500_000_000, "of memory available"))
     out = tmp_path / "o"
     rc, err = _run(["run", "--quiet", "--out", str(out), "--model", "mlp:64x100000"], capsys)
     _check(rc, err, "--model mlp:64x100000", out)

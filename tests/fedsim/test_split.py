@@ -15,7 +15,7 @@ from fedsim.data import load_dataset
 from fedsim.data.clients import client_data, make_partition
 from fedsim.data.split import validation_split
 from fedsim.metrics import CONVERGENCE_SLOPE, convergence, val_slope
-from fedsim.runner import CENTRALISED, MethodSpec, RunConfig
+from fedsim.runner import CENTRALISED, MethodSpec, RunConfig, validate
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_split_is_stratified_disjoint_complete_and_seeded(rng):
 @pytest.mark.parametrize("shift", [0.0, 1.0])
 def test_clients_train_on_the_rest_and_validate_through_their_own_view(blobs, shift):
     ds = load_dataset(str(blobs))
-    cfg = _cfg(blobs, feature_shift=shift, feature_noise=0.2 if shift else 0.0).validate()
+    cfg = validate(_cfg(blobs, feature_shift=shift, feature_noise=0.2 if shift else 0.0))
     parts = make_partition(cfg, ds, 0)
     clients, x_test = client_data(cfg, ds, parts, 0)
     whole, x_test0 = client_data(RunConfig(**{**cfg.to_dict(), "methods": cfg.methods, "val_fraction": 0.0}),
@@ -154,7 +154,7 @@ def test_centralised_pools_every_clients_view_and_is_tested_like_them(blobs):
     from fedsim.data.partition import client_rotation
 
     ds = load_dataset(str(blobs))
-    cfg = _cfg(blobs, feature_shift=1.0, centralised=True).validate()
+    cfg = validate(_cfg(blobs, feature_shift=1.0, centralised=True))
     parts = make_partition(cfg, ds, 0)
     clients, x_test = client_data(cfg, ds, parts, 0)
     (one,), x_test_c = client_data(cfg, ds, parts, 0, pooled=True)
@@ -174,7 +174,7 @@ def test_centralised_pools_every_clients_view_and_is_tested_like_them(blobs):
 
 def test_without_a_shift_the_centralised_row_holds_the_dataset_in_order(blobs):
     ds = load_dataset(str(blobs))
-    cfg = _cfg(blobs, centralised=True, val_fraction=0.0).validate()
+    cfg = validate(_cfg(blobs, centralised=True, val_fraction=0.0))
     (one,), x_test = client_data(cfg, ds, make_partition(cfg, ds, 0), 0, pooled=True)
     assert torch.equal(one.x, ds.x_train) and torch.equal(one.y, ds.y_train) and torch.equal(x_test, ds.x_test)
 
