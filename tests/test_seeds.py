@@ -7,9 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-# two cases of one parametrized test that takes the `seed` fixture
-CASES = "tests/geomkern/test_kmeans.py::test_kmeans_inertia_close_to_sklearn"
+# two cases of one parametrized test that takes the `seed` fixture: the probe below, which does
+# nothing else, so the four child runs cost their start-up only (a K-Means test took 60 s of them)
+CASES = "tests/test_seeds.py::test_probe"
+
+
+@pytest.mark.parametrize("case", ("a", "b"))
+def test_probe(case, seed):
+    assert 0 <= seed < 2 ** 32
 
 
 def _seeds(*args: str) -> dict[str, int]:
