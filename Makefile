@@ -11,7 +11,7 @@ demo: setup
 	.venv/bin/fedsim demo
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25
 
 # opt-in: fresh random seeds and hypothesis examples (make test runs fixed ones); a failure prints
 # its seed, rerun it with --seed=N
