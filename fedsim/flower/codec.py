@@ -157,6 +157,9 @@ def take(records: RecordDict, name: str, *, source: str, device="cpu") -> dict |
                 raise ValueError(f"{source}: entry {k!r} is of an unknown kind {tag!r}")
             if many == "container":
                 out[k] = cls.from_bytes(config[k], source=f"{source} ({k})", device=device)
+            elif not isinstance(config[k], list):
+                raise ValueError(f"{source}: entry {k!r} is listed as a list of containers ({tag}) but holds "
+                                 f"a {type(config[k]).__name__}")
             else:
                 out[k] = [cls.from_bytes(b, source=f"{source} ({k}[{i}])", device=device)
                           for i, b in enumerate(config[k])]
