@@ -40,7 +40,7 @@ _DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "m
             "fedavgm": "FedAvgM", "fedntd": "FedNTD", "fedproto": "FedProto", "fedmp": "FedMP", "fedmp_sfmc": "FedMP-SFMC",
             "fedmp_cpgma": "FedMP-cPGMA", "ggeur": "GGEUR",
             "local": "Local", "fedrep": "FedRep", "flic": "FLIC", "fedhenn": "FedHeNN",
-            "fedmc": "FedMC"}
+            "fedmc": "FedMC", "fedmc-fixed": "FedMC-fixed"}
 
 
 def _default_augmenters(algorithms: str | None) -> str:
@@ -100,10 +100,10 @@ def run_config(args, given: dict):
         apply_params(cfg.methods, params, plugin_class, override=False)
     apply_params(cfg.methods, parse_set(args.set, plugin_class), plugin_class, override=True, source="--set")
     if args.epsilon_total is not None:
-        dp = [m for m in cfg.methods if m.augmenter == "fedmc"]
+        dp = [m for m in cfg.methods if m.augmenter in ("fedmc", "fedmc-fixed")]
         if not dp:
             raise ValueError(f"--epsilon-total {args.epsilon_total}: it budgets FedMC's DP releases, but no "
-                             "method uses the fedmc augmenter (--augmenters fedmc)")
+                             "method uses a FedMC augmenter (--augmenters fedmc or fedmc-fixed)")
         for m in dp:
             m.augmenter_params = {**m.augmenter_params, "epsilon_total": args.epsilon_total}
     return cfg
@@ -385,8 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="initialise the linear head from the dataset's class-name text embeddings")
     r.add_argument("--epsilon-total", dest="epsilon_total", type=float, metavar="EPS",
                    help="FedMC's privacy budget per client for all of its DP releases together, split "
-                        "evenly over the most it can make (2 under protocol 'fixed'; 1 + rounds under "
-                        "'algorithm1', one per round it takes part in); results.json reports what each "
+                        "evenly over the most it can make (2 under fedmc-fixed; 1 + rounds under fedmc, "
+                        "Algorithm 1: one per round it takes part in); results.json reports what each "
                         "client spent. Instead of the per-release epsilon of its augmenter_params; inf: no "
                         "noise (written as the string \"inf\" in config.json and results.json)")
     r.add_argument("--engine", choices=("local", "flower"), default="local",

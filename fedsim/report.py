@@ -8,7 +8,7 @@ import numpy as np
 
 from ._io import atomic_write, json_text
 from .algorithms import ALGORITHMS
-from .augmenters import AUGMENTERS
+from .augmenters import AUGMENTERS, resolve
 from .data.partition import class_matrix
 from .metrics import CONVERGENCE_SLOPE, CONVERGENCE_WINDOW
 
@@ -70,17 +70,19 @@ def control_of(method: dict, methods: list[dict]) -> str | None:
     """The name of ``method``'s control among ``methods`` (results.json's config methods: name,
     algorithm, augmenter and their params), None if it has none there. The control differs from
     the method only in what is under test: an augmenter's matched-compute control (its ``controls``:
-    GGEUR -> oversample at the same target_per_class, FedMC under Algorithm 1 -> no augmenter, under
-    its fixed protocol -> oversample) under the same algorithm and algorithm parameters; failing that,
-    the algorithm's (FedMP -> FedAvg under the same schedule) under the same augmenter and augmenter
-    parameters. The first of a plug-in's preferences found in the run is taken."""
+    GGEUR -> oversample at the same target_per_class, fedmc (Algorithm 1) -> no augmenter,
+    fedmc-fixed (also spelled fedmc with protocol "fixed") -> oversample) under the same algorithm
+    and algorithm parameters; failing that, the algorithm's (FedMP -> FedAvg under the same
+    schedule) under the same augmenter and augmenter parameters. The first of a plug-in's
+    preferences found in the run is taken."""
     def alg(m):
         return m["algorithm"].lower(), {**ALGORITHMS[m["algorithm"].lower()].defaults, **m["algorithm_params"]}
 
-    def aug(m):
-        return m["augmenter"], {**AUGMENTERS[m["augmenter"]].defaults, **m["augmenter_params"]}
+    def aug(m):  # the augmenter a method runs (augmenters.resolve), with its defaults merged in
+        name, params = resolve(m["augmenter"], m["augmenter_params"])
+        return name, {**AUGMENTERS[name].defaults, **params}
 
-    wanted = [("augmenter", w) for w in AUGMENTERS[method["augmenter"]].controls(aug(method)[1])] + \
+    wanted = [("augmenter", w) for w in AUGMENTERS[aug(method)[0]].controls(aug(method)[1])] + \
              [("algorithm", w) for w in ALGORITHMS[method["algorithm"].lower()].controls(alg(method)[1])]
     for kind, w in wanted:
         same, varied = (alg, aug) if kind == "augmenter" else (aug, alg)

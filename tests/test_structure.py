@@ -208,6 +208,22 @@ def test_the_flower_apps_never_branch_on_an_augmenter():
         assert not found, (f, found)
 
 
+def test_every_augmenter_name_builds_its_own_class():
+    """A registered name builds exactly its class: no constructor swaps the class by a parameter
+    (issue 41: FedMCAugmenter.__new__ picked FedMC's protocol class), and the exchange protocol's
+    hooks are abstract in ``Exchange``, implemented by every registered class. The one name kept
+    for old configurations (fedmc with protocol "fixed") goes through the registry: build_augmenter
+    follows ``resolve`` to fedmc-fixed."""
+    from fedsim.augmenters import AUGMENTERS, Exchange, build_augmenter
+
+    assert Exchange.__abstractmethods__ == {"steps", "upload", "accept", "aggregate", "download"}
+    for name, cls in AUGMENTERS.items():
+        assert cls.resolve({}) is None and type(build_augmenter(name)) is cls, name
+        own = [k for k in cls.__mro__ if k.__module__.startswith("fedsim")]
+        assert not [k for k in own if "__new__" in vars(k) or "__getattr__" in vars(k)], name
+    assert type(build_augmenter("fedmc", protocol="fixed")) is AUGMENTERS["fedmc-fixed"]
+
+
 def test_the_tests_import_the_checkouts_packages():
     """tests/geomkern and tests/fedsim (no __init__.py, on sys.path under pytest's prepend import
     mode) must not stand in for the packages as empty namespace packages: pyproject's

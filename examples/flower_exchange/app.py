@@ -28,8 +28,8 @@ from fedsim.augmenters import ClientData, build_augmenter
 from fedsim.flower.exchange import answer, client_augmenter, serve_exchange
 
 N_CLIENTS, N_CLASSES, DIM, ROUNDS = 4, 6, 16, 2
-# GGEUR, or FedMC under its one-time protocol: {"name": "fedmc", "protocol": "fixed", "target_per_class": 60}
-# (FedMC's default protocol exchanges every round: call serve_exchange(aug, round, clients, send) before
+# GGEUR, or FedMC under its one-time protocol: {"name": "fedmc-fixed", "target_per_class": 60}
+# (FedMC's default, "fedmc" (Algorithm 1), exchanges every round: call serve_exchange(aug, round, clients, send) before
 # each round's training, e.g. from a strategy's configure_train)
 AUGMENTER = json.loads(os.environ.get("EXAMPLE_AUGMENTER", '{"name": "ggeur", "target_per_class": 60}'))
 

@@ -22,6 +22,7 @@ SMALL = {"n_prototypes": 4, "n_base": 8, "n_clusters": 2, "n_components": 2, "n_
 def test_fedmc_builds_its_protocols_class_and_refuses_a_bad_protocol_by_name():
     assert type(build_augmenter("fedmc", **SMALL)) is FedMCAlgorithm1
     assert type(build_augmenter("fedmc", protocol="fixed", **SMALL)) is FedMCFixed
+    assert type(build_augmenter("fedmc-fixed", **SMALL)) is FedMCFixed
     for bad in (3, ["fixed"], "algorithm2"):
         with pytest.raises(ValueError, match=re.escape(f"protocol={bad!r} is not known; choose one of")):
             build_augmenter("fedmc", protocol=bad)

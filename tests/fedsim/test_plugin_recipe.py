@@ -1,7 +1,8 @@
 """docs/development.md, "Add an FL algorithm or augmenter": the recipe, followed as written. A toy
 algorithm and a toy augmenter, each one class with its defaults and params and one registry line,
-in a module of their own; a run dispatches to both, and `--set toy.x=...` is checked by the params
-the algorithm declared."""
+in a module of their own; a run dispatches to both (the augmenter's exchange too: one step through
+the protocol's hooks, with TypedDict payloads), and `--set toy.x=...` is checked by the params the
+algorithm declared."""
 from __future__ import annotations
 
 import importlib
@@ -15,6 +16,8 @@ from fedsim.algorithms import ALGORITHMS
 from fedsim.augmenters import AUGMENTERS
 
 TOY = '''
+from typing import TypedDict
+
 import torch
 
 from fedsim.algorithms import Algorithm, register
@@ -34,11 +37,34 @@ class Toy(Algorithm):
         SEEN.append(("toy", self.hp["x"]))
 
 
+class Rows(TypedDict):  # up: a client's row count
+    n: int
+
+
+class Total(TypedDict):  # down: every client's rows
+    total: int
+
+
 @register_augmenter
-class ToyAug(Augmenter):
+class ToyAug(Augmenter[Rows, Rows, Total]):
     name = "toyaug"
+    step_names = ("count",)
     defaults = {"copies": 1}
     params = {"copies": Int(0)}
+
+    def steps(self, round, clients):
+        return [("count", clients)] if round is None else []
+
+    def upload(self, step, cid, data, *, round):
+        SEEN.append(("rows", cid, int(data.x.shape[0])))
+        return {"n": int(data.x.shape[0])}
+
+    def aggregate(self, step, uploads, *, round, clients, rejected):
+        total = sum(u["n"] for u in uploads.values())
+        return {k: {"total": total} for k in clients}
+
+    def download(self, step, cid, payload, *, round):
+        SEEN.append(("total", cid, payload["total"]))
 
     def augment(self, cid, data, *, generator):
         SEEN.append(("toyaug", self.p["copies"]))
@@ -67,6 +93,11 @@ def test_a_toy_algorithm_and_augmenter_are_dispatched_and_configured(toy, tmp_pa
               "--algorithms", "toy", "--augmenters", "toyaug", "--quiet"]
     assert main(common + ["--set", "toy.x=7", "--set", "toyaug.copies=2", "--out", str(tmp_path / "run")]) == 0
     assert ("toy", 7) in toy.SEEN and ("toyaug", 2) in toy.SEEN  # both hooks ran, with the values set
+    # the exchange ran once, before round 1: every client's rows up, their sum down to each
+    rows = {k: n for kind, k, n in (e for e in toy.SEEN if len(e) == 3) if kind == "rows"}
+    totals = {k: t for kind, k, t in (e for e in toy.SEEN if len(e) == 3) if kind == "total"}
+    assert sorted(rows) == sorted(totals) == [0, 1, 2] and min(rows.values()) > 0
+    assert set(totals.values()) == {sum(rows.values())}
     method = json.loads((tmp_path / "run" / "results.json").read_text())["config"]["methods"][0]
     assert (method["algorithm"], method["augmenter"]) == ("toy", "toyaug")
     assert method["algorithm_params"] == {"x": 7} and method["augmenter_params"] == {"copies": 2}

@@ -218,6 +218,11 @@ DEFAULT = [_m("FedAvg"), _m("FedAvg+oversample", augmenter="oversample"), _m("Fe
     # FedMC's fixed protocol adds GGEUR's budget of rows: its control is oversample
     (DEFAULT + [_m("fixed", augmenter="fedmc", augmenter_params={"protocol": "fixed"})], "fixed", "FedAvg+oversample"),
     ([_m("a"), _m("n", augmenter="fedmc", augmenter_params={"protocol": "fixed", "n_per_sample": 2})], "n", None),
+    # fedmc-fixed by its own name: the same control, and its fixed-protocol spelling is the same method
+    (DEFAULT + [_m("fixed", augmenter="fedmc-fixed")], "fixed", "FedAvg+oversample"),
+    ([_m("a"), _m("n", augmenter="fedmc-fixed", augmenter_params={"n_per_sample": 2})], "n", None),
+    ([_m("FedAvg+F", augmenter="fedmc", augmenter_params={"protocol": "fixed"}),
+      _m("FedMP+F", "fedmp", "fedmc-fixed")], "FedMP+F", "FedAvg+F"),
     # under the same algorithm and algorithm parameters only
     ([_m("FedAvg+oversample", augmenter="oversample"), _m("FedProx+oversample", "fedprox", "oversample"),
       _m("FedProx+GGEUR", "fedprox", "ggeur")], "FedProx+GGEUR", "FedProx+oversample"),
