@@ -17,6 +17,7 @@ from fedsim import runner
 from fedsim.augmenters import ClientData, FedMCAlgorithm1, FedMCAugmenter, FedMCFixed, build_augmenter
 from fedsim.config import ConfigError
 from fedsim.data.clients import client_data
+from fedsim.data.partition import partition
 from fedsim.plugins import apply_resume_changes
 from fedsim.runner import MethodSpec, RunConfig, validate
 from geomkern import fedmc, ggeur, privacy
@@ -226,7 +227,7 @@ def test_algorithm1_in_the_loop_calibrated_only_exact_resume_composed_privacy(tm
     full = runner.run(_cfg(blobs), tmp_path / "full", progress=False)
     monkeypatch.setattr(client_module, "local_train", real)
     ds = runner.load_dataset(str(blobs))
-    parts = runner.partition("dirichlet", labels=ds.y_train, domains=None, n_clients=4, beta=0.5, seed=0, min_size=5)
+    parts = partition("dirichlet", labels=ds.y_train, domains=None, n_clients=4, beta=0.5, seed=0, min_size=5)
     # each client's training rows: its part less its validation rows (data.clients.client_data)
     clients, _ = client_data(validate(_cfg(blobs)), ds, parts, 0)
     assert {r for r, *_ in seen} == {0, 1, 2}
