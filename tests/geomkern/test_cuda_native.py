@@ -348,3 +348,37 @@ def test_unbuilt_and_foreign_cuda_files(monkeypatch, tmp_path):
     for part in ("geomkern._C_cuda is built (_C_cuda.cpython-311-x86_64-linux-gnu.so) but cannot be loaded",
                  "rebuild it for this environment"):
         assert part in ext.why_not
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from the CUDA toolkit, or the one triton ships with its NVIDIA backend."""
+    found = shutil.which("cuobjdump") or next(
+        (str(p) for p in (Path(shutil.which("nvcc") or "/nonexistent").resolve().parent / "cuobjdump",
+                          Path("/usr/local/cuda/bin/cuobjdump")) if p.is_file()), None)
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    ship = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(ship) if ship.is_file() else None
+
+
+@pytest.mark.skipif(not (ROOT / "geomkern" / "_C_cuda.abi3.so").exists() or _cuobjdump() is None,
+                    reason="geomkern/_C_cuda.abi3.so is not built here, or no cuobjdump")
+def test_library_holds_sass_for_sm80_sm90_and_ptx():
+    """The default architectures (setup.DEFAULT_CUDA_ARCH_LIST, 8.0;9.0+PTX): machine code for A100
+    and H100/H200, and compute_90 PTX that newer GPUs JIT, for both kernel files. (A build on a
+    GPU machine targets its GPUs instead: then this checks nothing it was not asked for.)"""
+    lib = ROOT / "geomkern" / "_C_cuda.abi3.so"
+    co = _cuobjdump()
+    elf = subprocess.run([co, "--list-elf", str(lib)], capture_output=True, text=True, timeout=60).stdout
+    ptx = subprocess.run([co, "--list-ptx", str(lib)], capture_output=True, text=True, timeout=60).stdout
+    if CUDA:
+        pytest.skip("built on a GPU machine: for its GPUs")
+    assert elf.count(".sm_80.cubin") == 2 and elf.count(".sm_90.cubin") == 2, elf  # eigh.cu, preimage.cu
+    assert ptx.count(".sm_90.ptx") == 2 and ".sm_80.ptx" not in ptx, ptx
+    sass = subprocess.run([co, "-sass", str(lib)], capture_output=True, text=True, timeout=120).stdout
+    for kernel in ("eigh_kernelIf", "eigh_kernelId", "preimage_gd_kernelIfLi32", "preimage_gd_kernelIdLi8"):
+        assert kernel in sass, f"no SASS for {kernel}"
