@@ -119,6 +119,20 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def _budget_split_over_rounds(m: MethodSpec, old: int, new: int) -> bool:
+    """Whether method ``m`` spends a finite epsilon_total in releases sized by the number of rounds,
+    so ``new`` rounds instead of ``old`` would change what each release spends (FedMC's Algorithm 1:
+    one release per round). Asked of the augmenter itself; it was a test of augmenter "fedmc" with
+    protocol "algorithm1" written out, which missed the default protocol left unset."""
+    if m.augmenter_params.get("epsilon_total") in (None, math.inf):
+        return False
+    augmenter = build_augmenter(m.augmenter, **m.augmenter_params)
+    augmenter.rounds = old
+    before = augmenter.release_epsilon()
+    augmenter.rounds = new
+    return augmenter.release_epsilon() != before
+
+
 # What `--resume DIR` may change: only the number of rounds, upwards (the first rounds are the same
 # whatever the total, so a longer run continues exactly as one started with the larger number).
 RESUMABLE = ("rounds",)
@@ -146,9 +160,7 @@ def apply_resume_changes(cfg: RunConfig, changes: dict, out) -> list[str]:
             if value < old:
                 raise ConfigError(f"--resume {out}: {flag} {value} is fewer than the {old} rounds the run "
                                   "was started with; a resumed run can only grow")
-            split = [m.name for m in cfg.methods if m.augmenter == "fedmc"
-                     and m.augmenter_params.get("protocol") == "algorithm1"
-                     and m.augmenter_params.get("epsilon_total") not in (None, math.inf)]
+            split = [m.name for m in cfg.methods if _budget_split_over_rounds(m, old, value)]
             if split:
                 raise ConfigError(f"--resume {out}: {flag} {value}: methods {split} split epsilon_total "
                                   f"(--epsilon-total) over the run's {old} rounds (FedMC algorithm1: one DP release "

@@ -313,13 +313,18 @@ def test_algorithm1_epsilon_total_needs_the_rounds_and_inf_means_no_noise():
     assert b.release_epsilon() == math.inf and b.p["clip_norm"] is None
 
 
-def test_resume_cannot_grow_the_rounds_a_budget_was_split_over(tmp_path):
-    spec = MethodSpec("a1", augmenter="fedmc", augmenter_params={"protocol": "algorithm1", "epsilon_total": 2.0})
+@pytest.mark.parametrize("params", ({"protocol": "algorithm1"}, {}), ids=("protocol-given", "default-protocol"))
+def test_resume_cannot_grow_the_rounds_a_budget_was_split_over(tmp_path, params):
+    # the default protocol, left unset (as --augmenters fedmc --epsilon-total writes it), was let through
+    spec = MethodSpec("a1", augmenter="fedmc", augmenter_params={**params, "epsilon_total": 2.0})
     cfg = RunConfig(rounds=3, methods=[spec])
     with pytest.raises(ConfigError, match=r"--rounds 5: methods \['a1'\] split epsilon_total"):
         apply_resume_changes(cfg, {"rounds": 5}, tmp_path)
-    ok = RunConfig(rounds=3, methods=[MethodSpec("f", augmenter="fedmc", augmenter_params={"epsilon_total": 2.0})])
-    assert apply_resume_changes(ok, {"rounds": 5}, tmp_path) == ["rounds 3 -> 5"]  # fixed: two releases, any rounds
+    # the one-time protocol: two releases, whatever the rounds (the "ok" case here was "fedmc" without a
+    # protocol, written when that meant "fixed"; after the default became algorithm1 it let the bug through)
+    for name, extra in (("fedmc-fixed", {}), ("fedmc", {"protocol": "fixed"})):
+        ok = RunConfig(rounds=3, methods=[MethodSpec("f", augmenter=name, augmenter_params={**extra, "epsilon_total": 2.0})])
+        assert apply_resume_changes(ok, {"rounds": 5}, tmp_path) == ["rounds 3 -> 5"]
 
 
 @pytest.mark.slow  # one short run (~10 s on a busy 2-core machine: the accountant's calibration)
