@@ -127,7 +127,7 @@ def cuda_extensions():
     ext = CUDAExtension(
         "geomkern._C_cuda",
         sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda_bindings/*.cpp")),
-        include_dirs=[os.path.abspath("csrc/cuda"), os.path.abspath("csrc")],
+        include_dirs=[os.path.abspath("csrc/cuda")],
         # the same C++ standard and stable-ABI target as _C (torch 2.14's headers need C++20, for
         # nvcc's host pass too); -g0 as for _C. The .cu files include no torch header.
         extra_compile_args={"cxx": ["-O3", "-g0", cxx_standard(), f"-DTORCH_TARGET_VERSION={STABLE_ABI_TARGET}"],

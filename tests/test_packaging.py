@@ -214,31 +214,118 @@ for name, f in checks.items():
     assert err < 1e-5, f"{name}: relative error {err:.2e} against the float64 reference"
 km = gk.kmeans(X, 3, offsets=off)
 assert km.labels.shape == (300,) and km.centers.shape == (2, 3, 7) and bool((km.inertia > 0).all())
+from geomkern.backends import native
+cuda_why = gk.why_not("native", "cuda")
+assert cuda_why or torch.cuda.is_available(), "no CUDA device, yet no reason"
+so = sorted(p.name for p in native._PACKAGE.glob("_C*.so"))
 print("ok", gk.resolve("rbf_gram", "cpu"), gk.cpu_isa())
+print("so:", " ".join(so))
+print("cuda:", cuda_why)
 """
 
 
-def _run(*cmd, cwd):
+def _wheel_libraries(wheel: Path) -> set[str]:
+    import zipfile
+    with zipfile.ZipFile(wheel) as z:
+        return {n.split("/")[-1] for n in z.namelist() if n.endswith(".so")}
+
+
+def _assert_import_is_silent(vpy: Path, cwd: Path) -> None:
+    """import geomkern prints nothing beyond what import torch prints by itself (a venv that sees
+    only torch's folder gets torch's own 'Failed to initialize NumPy' warning)."""
+    torch_alone = _run(vpy, "-c", "import torch", cwd=cwd)
+    both = _run(vpy, "-c", "import torch; import geomkern", cwd=cwd)
+    assert both.stdout == "" and both.stderr == torch_alone.stderr, both.stderr
+
+
+def _check_smoke(out: str, wheel: Path, torch_cuda: bool) -> None:
+    """The smoke script's output for ``wheel`` beside a torch with (torch_cuda) or without CUDA:
+    the CPU oracle rows passed, and why_not('native', 'cuda') says why the CUDA kernels do not
+    run on this GPU-less machine."""
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("ok native"), out
+    assert lines[1] == "so: " + " ".join(sorted(_wheel_libraries(wheel))), out
+    cuda_why = lines[2]
+    if "_C_cuda.abi3.so" not in _wheel_libraries(wheel):
+        assert "geomkern was not compiled with CUDA" in cuda_why, out
+    elif torch_cuda:  # loaded from the wheel, no GPU here
+        assert "geomkern._C_cuda (CUDA " in cuda_why and "sees no CUDA device" in cuda_why, out
+    else:  # beside a CPU-only torch: not loaded, said why
+        assert "is a CPU-only build (torch.version.cuda is None)" in cuda_why, out
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit a build here uses for geomkern._C_cuda: CUDA_HOME, else /usr/local/cuda,
+    where it has the runtime's headers and torch is a CUDA build; None: the wheel is CPU-only."""
     import os
-    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=1200,
-                         env={**os.environ, "GEOMKERN_NO_CUDA": "1"})
+
+    import torch
+    if torch.version.cuda is None:
+        return None
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home and (Path(home) / "include" / "cuda_runtime.h").is_file() and (Path(home) / "bin" / "nvcc").exists():
+            return home
+    return None
+
+
+def _run(*cmd, cwd, cuda=False):
+    """cmd, which must succeed; a build in it makes geomkern._C_cuda only with cuda=True."""
+    import os
+    env = {**os.environ, "GEOMKERN_NO_CUDA": "1"}
+    if cuda:
+        env.update(GEOMKERN_NO_CUDA="0", CUDA_HOME=_cuda_home())
+    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=1200, env=env)
     assert res.returncode == 0, f"{' '.join(map(str, cmd))}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
     return res
+
+
+def _sdist_key(sdist: Path, *extra: str) -> str:
+    """A hash of what a wheel built from ``sdist`` depends on: every member's name and bytes (not
+    the archive's, whose timestamps change with each build) and ``extra`` (the torch and nvcc
+    versions)."""
+    import hashlib
+    import tarfile
+    h = hashlib.sha256()
+    with tarfile.open(sdist) as tar:
+        for m in sorted(tar.getmembers(), key=lambda m: m.name):
+            if m.isfile():
+                h.update(m.name.encode() + b"\0" + tar.extractfile(m).read() + b"\0")
+    for e in extra:
+        h.update(e.encode() + b"\0")
+    return h.hexdigest()[:20]
+
+
+# Wheels built from the sdist, one per key (_sdist_key): building the CUDA kernels costs minutes on
+# this 2-core machine (nvcc: sm_80 and sm_90 SASS and PTX), so an unchanged source, torch and
+# toolkit reuse the last wheel; a change of any of them builds again. (.venv is the bootstrap's.)
+WHEEL_CACHE = ROOT / ".venv" / "geomkern-test-wheels"
 
 
 @pytest.fixture(scope="module")
 def wheel_from_sdist(tmp_path_factory):
     """Build the sdist, then a wheel from that sdist (not from the tree): the path from a source
-    release to a user's environment (~40 s here: three instruction-set variants of the kernels)."""
+    release to a user's environment. With a CUDA torch and toolkit here the one wheel holds
+    geomkern._C and _C_cuda (built without a GPU); it is cached by the sdist's contents."""
+    import shutil as sh
+
+    import torch
     if not sys.platform.startswith("linux"):
         pytest.skip("builds the C++ library with g++")
     tmp = tmp_path_factory.mktemp("dist")
     _run(sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", tmp / "dist", ROOT, cwd=tmp)
     (sdist,) = (tmp / "dist").glob("geomkern-*.tar.gz")
-    _run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-         "-w", tmp / "wheels", sdist, cwd=tmp)
-    (wheel,) = (tmp / "wheels").glob("geomkern-*.whl")
-    return sdist, wheel
+    home = _cuda_home()
+    nvcc = _run(Path(home) / "bin" / "nvcc", "--version", cwd=tmp).stdout if home else "no CUDA"
+    cache = WHEEL_CACHE / _sdist_key(sdist, torch.__version__, nvcc)
+    cached = sorted(cache.glob("geomkern-*.whl"))
+    if not cached:
+        _run(sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+             "-w", tmp / "wheels", sdist, cwd=tmp, cuda=home is not None)
+        (built,) = (tmp / "wheels").glob("geomkern-*.whl")
+        sh.rmtree(WHEEL_CACHE, ignore_errors=True)  # the previous source's wheel
+        cache.mkdir(parents=True)
+        cached = [Path(sh.copy2(built, cache / built.name))]
+    return sdist, cached[0]
 
 
 def _venv_with(tmp_path: Path, wheel: Path, *site_dirs: Path) -> Path:
@@ -265,9 +352,13 @@ def test_sdist_builds_a_wheel_that_works_in_a_clean_venv(tmp_path, wheel_from_sd
 
     wheel = wheel_from_sdist[1]
     assert "-cp310-abi3-" in wheel.name, wheel.name
+    # one wheel for CPU and CUDA: _C_cuda inside wherever this machine can build it
+    want = {"_C.abi3.so"} | ({"_C_cuda.abi3.so"} if _cuda_home() else set())
+    assert _wheel_libraries(wheel) == want, (wheel.name, _wheel_libraries(wheel))
     vpy = _venv_with(tmp_path, wheel, Path(torch.__file__).resolve().parents[1])
+    _assert_import_is_silent(vpy, tmp_path)
     out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
-    assert out.startswith("ok native"), out
+    _check_smoke(out, wheel, torch.version.cuda is not None)
 
 
 def _other_torch_wheel() -> Path | None:
@@ -285,10 +376,12 @@ def _other_torch_wheel() -> Path | None:
 
 
 def test_one_wheel_loads_into_another_torch(tmp_path, wheel_from_sdist):
-    """geomkern._C is on torch's stable ABI (setup.py), so a wheel is not tied to the torch it was
-    built with. Both ways: this machine's wheel, not rebuilt, beside another torch version; and a
-    wheel built from the sdist against that other torch, beside this machine's torch. Each time:
-    native listed, every op against the float64 reference."""
+    """geomkern._C and _C_cuda are on torch's stable ABI (setup.py), so a wheel is not tied to the
+    torch it was built with. Both ways: this machine's wheel (with _C_cuda where it was built),
+    not rebuilt, beside another torch version (2.13.0, a CPU-only build: _C_cuda is not loaded
+    and why_not says so); and a wheel built from the sdist against that other torch, beside this
+    machine's torch. Each time: import geomkern silent, native listed, every CPU op against the
+    float64 reference, a reason from why_not('native', 'cuda')."""
     import numpy
     import torch
 
@@ -307,8 +400,10 @@ def test_one_wheel_loads_into_another_torch(tmp_path, wheel_from_sdist):
     vpy = _venv_with(tmp_path / "a", wheel, site, mine, numpy_site)
     version = _run(vpy, "-c", "import torch; print(torch.__version__)", cwd=tmp_path).stdout.strip()
     assert version.split("+")[0] == want != torch.__version__.split("+")[0], (version, other.name)
+    _assert_import_is_silent(vpy, tmp_path)
+    other_cuda = _run(vpy, "-c", "import torch; print(torch.version.cuda is not None)", cwd=tmp_path).stdout
     out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
-    assert out.startswith("ok native"), out
+    _check_smoke(out, wheel, other_cuda.strip() == "True")
     # and the reverse: a wheel built from the sdist against the other torch, beside this one
     build = tmp_path / "build-env"
     _run(sys.executable, "-m", "venv", "--without-pip", build, cwd=tmp_path)
@@ -322,7 +417,7 @@ def test_one_wheel_loads_into_another_torch(tmp_path, wheel_from_sdist):
     (wheel2,) = (tmp_path / "w2").glob("geomkern-*.whl")
     vpy = _venv_with(tmp_path / "b", wheel2, mine, numpy_site)
     out = _run(vpy, "-c", _WHEEL_SMOKE, cwd=tmp_path).stdout
-    assert out.startswith("ok native"), out
+    _check_smoke(out, wheel2, torch.version.cuda is not None)
 
 
 def _needed(so: Path) -> list[str]:

@@ -20,7 +20,7 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/accelerator.h>
 
-#include "stable.h"
+#include "../stable.h"  // csrc/stable.h: the helpers and checks _C uses
 
 #include <cuda_runtime_api.h>
 
