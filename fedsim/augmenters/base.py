@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from .._specs import merge_params
+from ..config import merge_params
 from ..data.clients import ClientData
 
 # An exchange payload: a dict whose values an engine can put in a message (fedsim/flower/codec.py
