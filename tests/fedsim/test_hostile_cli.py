@@ -208,6 +208,17 @@ def _toml_case(cli, case):
     _check(call(argv), out, names, argv + [path.read_text()], None)
 
 
+def test_every_bad_flag_and_toml_value_alone_is_refused_by_name(cli):
+    """The sweep under the generated cases: each bad value of the tables once, alone on the valid
+    run (what sampling may miss in the default run's cases)."""
+    for flag, (_, _, badv, names) in FLAGS.items():
+        for v in badv:
+            _flags_case(cli, ({**BASE, flag: v}, [names], {}))
+    for key, (_, badv, names) in TOML.items():
+        for v in badv:
+            _toml_case(cli, ([f"{key} = {v}"], [names]))
+
+
 @given(case=flag_cases())
 @settings(max_examples=30)
 def test_flags_end_in_a_result_or_a_named_refusal(cli, case):

@@ -88,8 +88,9 @@ HOSTILE_SCALARS = st.sampled_from(['{"gamma": NaN}', '{"gamma": -1}', '{"gamma":
 def mutated(draw, kind: str) -> bytes:
     blob = CONTAINERS[kind].to_bytes()
     header, data = _split(blob)
-    how = draw(st.sampled_from(["dtype", "shape", "offsets", "meta", "value", "truncate", "append", "prefix",
-                                "random", "drop"]))
+    # values four times as often: the checks of what a well-formed container holds are the finest
+    how = draw(st.sampled_from(["dtype", "shape", "offsets", "meta", "value", "value", "value", "value", "truncate",
+                                "append", "prefix", "random", "drop"]))
     names = sorted(k for k in header if k != "__metadata__")
     name = draw(st.sampled_from(names))
     if how == "dtype":
@@ -151,13 +152,13 @@ def _harness(kind: str, examples: int):
 
 @pytest.mark.parametrize("kind", list(CONTAINERS))
 def test_a_mutated_container_is_refused_by_name_or_holds_its_invariants(kind, tmp_path_factory):
-    _harness(kind, 40)(tmp_path_factory)
+    _harness(kind, 80)(tmp_path_factory)
 
 
 @SLOW
 @pytest.mark.parametrize("kind", list(CONTAINERS))
 def test_a_mutated_container_deep(kind, tmp_path_factory):
-    _harness(kind, 400)(tmp_path_factory)
+    _harness(kind, 800)(tmp_path_factory)
 
 
 def test_a_container_is_refused_as_another_kind():
