@@ -6,9 +6,17 @@
 A lent machine is bare, offline, and held for minutes; this driver is the one prepared call:
 
   env        GPU, driver, torch / triton / CuPy / nvcc versions
-  build      geomkern._C + geomkern._C_cuda (sm_90 only) into a scratch folder, in the
-             background while the Triton steps run (they need no build); moved into geomkern/
-             when the build step ends
+  wheel      the geomkern wheel carried in .whl/ (built here: _C and _C_cuda on torch's stable
+             ABI, sm_80 + sm_90 SASS and PTX), pip-installed --no-deps --no-build-isolation into
+             a folder of its own, never built there: which files load (and whether they need the
+             shared libstdc++), then the CUDA kernels' GPU tests and the CUDA rows of the eigh and
+             pre-image oracle tables against it, in a pytest that records the .so files it had
+             mapped (/proc/self/maps) and imports geomkern from the wheel, not the checkout
+             (PYTHONSAFEPATH=1, pytest -o pythonpath=). Where it served, build and native are
+             skipped; where no wheel was carried or it failed, they run as the fallback
+  build      geomkern._C + geomkern._C_cuda (sm_90 only) from source into a scratch folder, in
+             the background while the Triton steps run (they need no build); moved into
+             geomkern/ when the build step ends
   peers      scripts/gpu_peers.py (issue 40), the first measuring step: every headline op at its
              headline, small-D and FedMC shapes, geomkern's default beside the torch reference
              (eager, torch.compile, torch.compile with TF32), cdist + exp, KeOps, CuPy's eigh and
@@ -25,7 +33,8 @@ A lent machine is bare, offline, and held for minutes; this driver is the one pr
              behind session 9's fixes (docs/history.md section 21), re-measured, and kpca's
              dense and Krylov solvers timed on CUDA (its auto rule was measured on CPU)
   native     (after the build) the CUDA C++ kernels' GPU tests
-  findings:eigh  (after the build) the CUDA Jacobi eigh against auto's reference over matrix and
+  findings:eigh  (after the build, or the served wheel's libraries, copied into geomkern/) the
+             CUDA Jacobi eigh against auto's reference over matrix and
              batch sizes: the crossover an auto rule for eigh on CUDA needs
   rest       every other precision and float64 beside the model, the CUDA kernels' cases, then
              the GPU benchmark suites (eigh, Triton vs torch / torch.compile / KeOps)
@@ -42,8 +51,11 @@ the build for real (GEOMKERN_NO_CUDA=1), compile-only sm_90 reports instead of t
 headline and rest steps), the schemes' SASS counts instead of their timings, and the Triton
 tests under the interpreter on small shapes, so the script cannot rot between GPU draws.
 
-Prepare here (the machine cannot download; dp-accounting is the one package it lacks, needed
-only by the privacy code):
+Prepare here (the machine cannot download). geomkern's wheel, CPU and CUDA kernels in one
+cp310-abi3 file for the image's Python 3.12 and torch 2.11 (+cu130; the wheel targets torch 2.10's
+stable ABI and was built with CUDA 13.0):
+  CUDA_HOME=/usr/local/cuda GEOMKERN_NO_CUDA=0 python3 -m pip wheel --no-build-isolation --no-deps -w .whl .
+dp-accounting is the one package the image lacks, needed only by the privacy code:
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
     -d .whl dp-accounting==0.6.0 dm-tree==0.1.10
@@ -262,12 +274,143 @@ def env_record() -> dict:
     return rec
 
 
+def needs_libstdcxx(folder: Path) -> dict:
+    """Whether each compiled module in ``folder`` names libstdc++.so.6 as NEEDED: a compiler that
+    links it statically crashed every number-formatting error message on the GPU image (session 12,
+    studies/preimage-throw; setup.py's SHARED_LIBSTDCXX). None where readelf is missing."""
+    out = {}
+    for so in sorted(folder.glob("_C*.so")):
+        if shutil.which("readelf") is None:
+            out[so.name] = None
+            continue
+        dyn = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, timeout=30).stdout
+        out[so.name] = "[libstdc++.so.6]" in dyn
+    return {"needs_libstdcxx": out}
+
+
+def carried_wheel() -> Path | None:
+    """The geomkern wheel to test: GPU_SESSION_WHEEL, else the newest .whl/geomkern-*.whl or
+    dist/geomkern-*.whl (git-ignored folders the device tool carries)."""
+    named = os.environ.get("GPU_SESSION_WHEEL")
+    if named:
+        return Path(named) if Path(named).is_file() else None
+    found = sorted((p for d in (".whl", "dist") for p in (ROOT / d).glob("geomkern-*.whl")),
+                   key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+# Where the wheel is installed, and the environment that makes its geomkern the one imported:
+# PYTHONPATH first, no current directory or script folder put before it (PYTHONSAFEPATH, Python
+# 3.11+), and pytest's pythonpath = ["."] (pyproject) overridden (-o pythonpath=).
+WHEEL_SITE = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-session-wheel-{os.getpid()}"
+
+# Which geomkern files a process loaded: from the module and from /proc/self/maps.
+WHEEL_PROBE = r"""
+import json, os, sys, torch
+import geomkern as gk
+from geomkern.backends import native
+maps = sorted({l.split()[-1] for l in open("/proc/self/maps") if "/geomkern/_C" in l})
+print(json.dumps({"geomkern_file": gk.__file__, "loaded_so": maps, "torch": torch.__version__,
+                  "torch_cuda": torch.version.cuda, "cuda_built": native._CUDA.cuda,
+                  "why_not_cpu": gk.why_not("native", "cpu"), "why_not_cuda": gk.why_not("native", "cuda"),
+                  "backends": gk.available_backends()}))
+"""
+
+# pytest in-process, then the geomkern files it had mapped, into the file named by argv[1]
+WHEEL_PYTEST = r"""
+import json, sys, pytest
+rc = int(pytest.main(sys.argv[3:]))
+maps = sorted({l.split()[-1] for l in open("/proc/self/maps") if "/geomkern/_C" in l})
+json.dump({"pytest_loaded_so": maps}, open(sys.argv[1], "w"))
+sys.exit(rc)
+"""
+
+
+def wheel_env(site: Path) -> dict:
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), str(ROOT / "scripts"), os.environ.get("PYTHONPATH"))
+                                          if p),
+            "PYTHONSAFEPATH": "1"}
+
+
+def wheel_steps(junit: Path) -> bool:
+    """The carried wheel, installed and tested (the docstring's "wheel" step); True where it
+    served: it installed, its _C_cuda loaded from the wheel's folder and can run here, and its GPU
+    tests passed. Never raises."""
+    wheel = carried_wheel()
+    if wheel is None:
+        emit({"step": "wheel", "kind": "step", "status": "skipped",
+              "why": "no geomkern wheel carried (.whl/ or dist/, or GPU_SESSION_WHEEL): the source build serves"})
+        log("wheel: none carried; the source build serves")
+        return False
+    site = WHEEL_SITE
+    shutil.rmtree(site, ignore_errors=True)
+    env = wheel_env(site)
+    probe: dict = {}
+
+    def installed() -> dict:
+        res = subprocess.run([PY, "-c", WHEEL_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, **env})
+        try:
+            probe.update(json.loads(res.stdout.strip().splitlines()[-1]))
+        except Exception:  # noqa: BLE001 - the import failed: its error is the record
+            probe["probe_error"] = (res.stdout + res.stderr)[-1500:]
+        probe["from_wheel"] = bool(probe.get("loaded_so")) and all(
+            p.startswith(str(site)) for p in probe.get("loaded_so", [])) and \
+            str(probe.get("geomkern_file", "")).startswith(str(site))
+        return {"wheel": wheel.name, "wheel_bytes": wheel.stat().st_size, "site": str(site), **probe,
+                **needs_libstdcxx(site / "geomkern")}
+
+    rec = step("wheel", [PY, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+                         "--no-compile", "--upgrade", "--target", str(site), str(wheel)], 90, extra=installed)
+    if rec.get("status") != "ok" or not probe.get("from_wheel"):
+        return False
+    maps_file = junit / "wheel-maps.json"
+    xml = junit / "wheel.xml"
+    if DRY:  # no GPU: the loading tests of _C_cuda from the wheel, on CPU
+        args = ["tests/geomkern/test_cuda_native.py", "-k", "library_loads or library_refuses or cpu_only"]
+    else:
+        args = ["tests/geomkern/test_cuda_native.py",
+                "tests/geomkern/test_preimage.py::test_preimage_kernels_match_float64_reference",
+                "tests/geomkern/test_eigh.py::test_eigh_oracle_table",
+                "-k", "not triton", "-m", "gpu", "--tb=short", "--durations=15",
+                ] + plugin_args(timeout=["-p", "timeout", "--timeout", "40"])
+    cmd = [PY, "-c", WHEEL_PYTEST, str(maps_file), "pytest", "-q", "-p", "no:cacheprovider", "-p", "_pytest_jsonl",
+           "-o", "pythonpath=", "--junitxml", str(xml)] + args
+
+    def tested() -> dict:
+        out = junit_summary(xml)
+        if maps_file.exists():
+            out.update(json.loads(maps_file.read_text()))
+            out["pytest_from_wheel"] = bool(out["pytest_loaded_so"]) and all(
+                p.startswith(str(site)) for p in out["pytest_loaded_so"])
+        return out
+    trec = step("wheel:native", cmd, 120, env={**env, "GPU_SESSION_JSONL": str(JSONL),
+                                               "GPU_SESSION_STEP": "wheel:native"},
+                reserve_s=20, extra=tested)
+    return (not DRY and trec.get("status") == "ok" and not probe.get("why_not_cuda")
+            and bool(trec.get("pytest_from_wheel")))
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for f in (JSONL, LOG):
         f.unlink(missing_ok=True)
     emit(env_record())
     log(f"env: {'DRY RUN (CPU)' if DRY else 'GPU'}; budget {BUDGET_S:.0f} s; out {OUT}")
+
+    # 1. the carried wheel, first: installed (never built here) and its CUDA kernels tested
+    junit = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-session-junit-{os.getpid()}"
+    junit.mkdir(parents=True, exist_ok=True)
+    served = wheel_steps(junit) if wanted("wheel") else False
+    served_why = "the carried wheel served (steps wheel and wheel:native): no source build"
+    if served:
+        # the later steps that import the checkout's geomkern (findings:eigh, rest:model's CUDA
+        # cases: scripts that put ROOT first on sys.path) get the wheel's libraries, as they would
+        # the source build's
+        for so in (WHEEL_SITE / "geomkern").glob("_C*.so"):
+            tmp = ROOT / "geomkern" / f".{so.name}.tmp"
+            shutil.copyfile(so, tmp)
+            os.replace(tmp, ROOT / "geomkern" / so.name)
 
     # 2. build, in the background: the Triton steps below do not need it
     cores = os.cpu_count() or 2
@@ -287,8 +430,9 @@ def main() -> int:
     # at the lowest CPU priority: the timing steps beside it measure ops whose launch overhead is
     # CPU time (GPU session 11's op-level timings ran beside a 12-job build at equal priority and
     # came out 1.3-8.6x slower than session 9's, the kernels' own device times within 2%)
-    build = start(["nice", "-n", "19"] + build_cmd, OUT / "build.log", benv) if wanted("build") else None
-    log(f"build: started in the background ({benv})")
+    build = start(["nice", "-n", "19"] + build_cmd, OUT / "build.log", benv) \
+        if wanted("build") and not served else None
+    log(f"build: started in the background ({benv})" if build else "build: not started")
 
     model = next((m for m in MODELS if m.exists()), None)
     report = [PY, "scripts/sm90_report.py", "--jsonl", str(JSONL), "--tf32x3", "all"]
@@ -317,8 +461,6 @@ def main() -> int:
     # 6. GPU correctness: each test's outcome goes to the JSONL as it finishes (pytest_cmd); the
     # junit files stay out of $OUT, which brings back at most 8 files (their summaries go to the
     # step record). Dry run: the Triton tests under the interpreter, small shapes.
-    junit = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu-session-junit-{os.getpid()}"
-    junit.mkdir(parents=True, exist_ok=True)
     if DRY:
         # the rbf oracle tables' Triton entry on their 7 x 7 rows and test_triton.py's offset-cloud /
         # split-Y cases: 68 tests, enough to check the step's plumbing (make test runs every
@@ -353,19 +495,6 @@ def main() -> int:
     findings("findings", "tf32_symmetric,kpca_eigenvalues,eigh_upcast_cost,kpca_solver", 75, 60, "a GPU")
 
     # 7. the build, then the CUDA C++ kernels' tests
-    def needs_libstdcxx() -> dict:
-        """Whether each built module names libstdc++.so.6 as NEEDED: a compiler that links it
-        statically crashed every number-formatting error message on the GPU image (session 12,
-        studies/preimage-throw; setup.py's SHARED_LIBSTDCXX). None where readelf is missing."""
-        out = {}
-        for so in sorted((build_lib / "geomkern").glob("_C*.so")):
-            if shutil.which("readelf") is None:
-                out[so.name] = None
-                continue
-            dyn = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, timeout=30).stdout
-            out[so.name] = "[libstdc++.so.6]" in dyn
-        return {"needs_libstdcxx": out}
-
     def built():
         where = build_lib if DRY else ROOT
         if not DRY:
@@ -383,13 +512,17 @@ def main() -> int:
                                    str(lib)], cwd=ROOT, capture_output=True, text=True, timeout=60)
             return {"backends": probe.stdout.strip(), "built": str(lib) if lib else None,
                     "loads": load.returncode == 0, "load_output": (load.stdout + load.stderr)[-300:],
-                    **needs_libstdcxx()}
+                    **needs_libstdcxx(build_lib / "geomkern")}
         text = (OUT / "build.log").read_text(errors="replace")
         return {"backends": probe.stdout.strip() or probe.stderr.strip()[-300:],
                 "cuda_built_line": next((ln for ln in text.splitlines()
                                          if "geomkern" in ln and "CUDA" in ln), None),
-                **needs_libstdcxx()}
-    step("build", build_cmd, 240, proc=build, extra=built if build else None, reserve_s=20)
+                **needs_libstdcxx(build_lib / "geomkern")}
+    if served:
+        for name in ("build", "native"):
+            emit({"step": name, "kind": "step", "status": "skipped", "why": served_why})
+    else:
+        step("build", build_cmd, 240, proc=build, extra=built if build else None, reserve_s=20)
     nxml = junit / "native.xml"
     native = pytest_cmd(nxml, ["tests/geomkern/test_cuda_native.py"] + ([] if DRY else [
                   # and the CUDA kernels' entries of the pre-image and eigh oracle tables (they need the build)
@@ -400,7 +533,8 @@ def main() -> int:
                   # stack in the log, and the rest run (session 9's first call timed out the
                   # whole step at 60 s after 30 tests without saying which one was running)
                   ] + plugin_args(timeout=["-p", "timeout", "--timeout", "40"])))
-    step("native", native, 120, env=plugin_env("native"), reserve_s=20, extra=lambda: junit_summary(nxml))
+    if not served:
+        step("native", native, 120, env=plugin_env("native"), reserve_s=20, extra=lambda: junit_summary(nxml))
     # 7b. where the CUDA Jacobi eigh beats auto's reference on CUDA: sizes x batches (needs the build)
     findings("findings:eigh", "eigh_crossover", 45, 15, "a GPU and the CUDA build")
 
@@ -419,6 +553,7 @@ def main() -> int:
                             "--benchmark-json", str(OUT / "bench-pytest-benchmark.json"),
                             "benchmarks/test_eigh_gpu.py", "benchmarks/test_triton_gpu.py"], 150, reserve_s=5,
              extra=lambda: junit_summary(bxml))
+    shutil.rmtree(WHEEL_SITE, ignore_errors=True)
     emit({"step": "end", "kind": "end", "seconds": now()})
     log(f"end after {now():.0f} s")
     return 0

@@ -15,7 +15,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("rbf_gram", "rbf_gram_cross", "rbf_matmul", "projection", "preimage", "eigh", "kmeans_assign", "kpca")
-STEPS = ("peers", "headline", "schemes", "gpu_tests", "build", "native", "rest:model")
+STEPS = ("wheel", "wheel:native", "peers", "headline", "schemes", "gpu_tests", "build", "native", "rest:model")
+
+def _checkout_wheel(dest: Path) -> Path:
+    """A geomkern wheel put together from the checkout as it is (its Python files and the
+    libraries built in geomkern/), in a second: the session's wheel step is plumbing to check
+    here (install, which files load, the tests against them); whether a wheel built from the
+    sdist works is tests/test_packaging.py's question."""
+    import base64
+    import hashlib
+    import zipfile
+    dest.mkdir(parents=True, exist_ok=True)
+    whl = dest / "geomkern-0.1.0-cp310-abi3-linux_x86_64.whl"
+    files = sorted(p for p in (ROOT / "geomkern").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and (p.suffix == ".py" or p.name in ("_C.abi3.so", "_C_cuda.abi3.so")))
+    info = "geomkern-0.1.0.dist-info"
+    meta = {f"{info}/METADATA": "Metadata-Version: 2.1\nName: geomkern\nVersion: 0.1.0\n",
+            f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp310-abi3-linux_x86_64\n"}
+    record = []
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in [(str(p.relative_to(ROOT)), p.read_bytes()) for p in files] + \
+                [(k, v.encode()) for k, v in meta.items()]:
+            z.writestr(name, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
+    return whl
+
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
@@ -23,7 +49,8 @@ def session(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-session")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(GPU_SESSION_DRY="1", OUT=str(out), PYTHON=sys.executable,
-               GPU_SESSION_BUDGET_S="900")
+               GPU_SESSION_BUDGET_S="900",
+               GPU_SESSION_WHEEL=str(_checkout_wheel(tmp_path_factory.mktemp("wheel"))))
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh")], env=env,
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -41,8 +68,9 @@ def test_every_step_ran_and_succeeded(session):
     assert steps["findings:eigh"]["status"] == "skipped" and "eigh_crossover" in steps["findings:eigh"]["why"]
     assert recs[0]["kind"] == "env" and recs[0]["dry"] is True
     assert recs[-1]["kind"] == "end"
-    # the peers step is the first step to finish (the build only starts before it, in the background)
-    assert [r["step"] for r in recs if r.get("kind") == "step"][0] == "peers"
+    # the carried wheel's steps first, then the peers (the build only starts before it, in the
+    # background; here the source build runs too: a dry run's wheel never serves, no GPU)
+    assert [r["step"] for r in recs if r.get("kind") == "step"][:3] == ["wheel", "wheel:native", "peers"]
     assert steps["peers"]["peer_ops"] == sorted(OPS) and steps["peers"]["peers_file"].startswith("peers-cpu-")
 
 
@@ -68,6 +96,32 @@ def test_build_and_tests_are_real(session):
     needs = steps["build"]["needs_libstdcxx"]
     assert needs and all(v in (True, None) for v in needs.values()), needs
     assert steps["gpu_tests"]["passed"] > 10 and steps["gpu_tests"]["failures"] == 0
+
+
+def test_wheel_step_installs_and_tests_the_carried_wheel(session):
+    """The first step pip-installs the carried wheel into a folder of its own and imports geomkern
+    from there, not from the checkout: its libraries are the ones mapped, in the probe and in the
+    pytest that tests them; no GPU here, so why_not('native', 'cuda') gives a reason."""
+    recs, _, _ = session
+    steps = {r["step"]: r for r in recs if r.get("kind") == "step"}
+    wheel, tests = steps["wheel"], steps["wheel:native"]
+    site = wheel["site"]
+    assert wheel["wheel"].startswith("geomkern-") and wheel["from_wheel"], wheel
+    assert wheel["geomkern_file"].startswith(site) and wheel["loaded_so"], wheel
+    assert all(p.startswith(site) for p in wheel["loaded_so"]), wheel["loaded_so"]
+    assert any(p.endswith("/geomkern/_C.abi3.so") for p in wheel["loaded_so"])
+    assert not wheel["why_not_cpu"] and wheel["why_not_cuda"], wheel
+    needs = wheel["needs_libstdcxx"]
+    assert needs and all(v in (True, None) for v in needs.values()), needs
+    with_cuda = (ROOT / "geomkern" / "_C_cuda.abi3.so").exists()
+    if with_cuda:  # in the wheel: loaded, and it says why it cannot run here
+        assert any(p.endswith("/geomkern/_C_cuda.abi3.so") for p in wheel["loaded_so"]), wheel["loaded_so"]
+        assert "sees no CUDA device" in wheel["why_not_cuda"] and wheel["cuda_built"], wheel
+    # the loading tests of tests/geomkern/test_cuda_native.py, two of them on the wheel's _C_cuda
+    assert tests["status"] == "ok" and tests["failures"] == 0, tests
+    assert tests["passed"] == (3 if with_cuda else 1), tests
+    assert tests["pytest_from_wheel"] and tests["pytest_loaded_so"], tests
+    assert any(r["step"] == "wheel:native" for r in recs if r.get("kind") == "test")
 
 
 def test_schemes_sass(session):
@@ -175,14 +229,15 @@ def test_gpu_scripts_paths_exist():
     ("rest", {"rest:model", "rest:bench"}),       # a family
     ("build,native", {"build", "native"}),
     ("findings", {"findings", "findings:eigh"}),
-    ("", {"peers", "headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
-          "rest:bench"}),
+    ("wheel", {"wheel", "wheel:native"}),
+    ("", {"wheel", "wheel:native", "peers", "headline", "schemes", "gpu_tests", "findings", "build", "native",
+          "findings:eigh", "rest:model", "rest:bench"}),
 ])
 def test_steps_are_chosen_by_name_or_family(only, chosen):
     """GPU_SESSION_STEPS picks steps by their whole name or their family: session 12's third call
     named rest:bench, and the driver ran nothing, because only the family matched."""
-    names = ["peers", "headline", "schemes", "gpu_tests", "findings", "build", "native", "findings:eigh", "rest:model",
-             "rest:bench"]
+    names = ["wheel", "wheel:native", "peers", "headline", "schemes", "gpu_tests", "findings", "build", "native",
+             "findings:eigh", "rest:model", "rest:bench"]
     code = ("import importlib.util, sys\n"
             f"spec = importlib.util.spec_from_file_location('gs', {str(ROOT / 'scripts' / 'gpu_session.py')!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
