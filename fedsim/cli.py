@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -44,13 +45,39 @@ _DISPLAY = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "m
 
 
 def _default_augmenters(algorithms: str | None) -> str:
-    """All four for global-model algorithms; none for personalised ones (local, fedrep, flic, fedhenn), whose
-    clients may live in different feature spaces where no augmenter works."""
+    """The default run's augmenters (those of config.default_methods) for global-model algorithms;
+    none for personalised ones (local, fedrep, flic, fedhenn), whose clients may live in different
+    feature spaces where no augmenter works."""
     from .algorithms import ALGORITHMS
+    from .config import default_methods
 
     names = [a.strip().lower() for a in (algorithms or "fedavg").split(",") if a.strip()]
     personal = names and all(getattr(ALGORITHMS.get(a), "personal", False) for a in names)
-    return "none" if personal else "none,oversample,ggeur,fedmc"
+    return "none" if personal else ",".join(dict.fromkeys(m.augmenter for m in default_methods()))
+
+
+def _augmenters_help() -> str:
+    """--augmenters' help, from the registries: every augmenter with its ``summary``, the default
+    list and the personalised algorithms (made only when help is shown: _RegistryHelp)."""
+    from .algorithms import ALGORITHMS
+    from .augmenters import AUGMENTERS
+
+    personal = sorted(n for n, cls in ALGORITHMS.items() if getattr(cls, "personal", False))
+    each = "; ".join(f"{name}: {cls.summary}" for name, cls in AUGMENTERS.items())
+    text = (f"comma list of augmenters (default {_default_augmenters(None)}; none for the personalised "
+            f"algorithms {', '.join(personal)}). {each}")
+    return text.replace("%", "%%")
+
+
+class _RegistryHelp(argparse.HelpFormatter):
+    """A help string that needs the plug-in registries (which import torch) is a function, called
+    when help is shown: building the parser imports no registry, so `fedsim presets` stays fast."""
+
+    def _format_action(self, action):
+        if callable(action.help):
+            action = copy.copy(action)
+            action.help = action.help()
+        return super()._format_action(action)
 
 
 def _methods(algorithms: str, augmenters: str):
@@ -308,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsim", description="federated simulator for feature calibration "
                                 "(FedMC, GGEUR) on frozen embeddings")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run a federated experiment (default: FedAvg, FedAvg+oversample, FedAvg+GGEUR, "
+    r = sub.add_parser("run", formatter_class=_RegistryHelp, help="run a federated experiment (default: FedAvg, FedAvg+oversample, FedAvg+GGEUR, "
                                    "FedAvg+FedMC on the embedded data, Dirichlet beta=0.1, 10 clients)")
     r.add_argument("--config", help="TOML file with RunConfig keys, [[methods]] tables and [params.PLUGIN] tables; "
                    "over --preset, under the flags")
@@ -347,10 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--algorithms", help="comma list, e.g. fedavg,fedprox,scaffold (default fedavg); each one runs "
                    "with every augmenter of --augmenters, so a bare run is 4 methods: FedAvg, FedAvg+oversample, "
                    "FedAvg+GGEUR, FedAvg+FedMC")
-    r.add_argument("--augmenters", help="comma list of none,oversample,ggeur,fedmc (default all four; none for "
-                   "the personalised algorithms local, fedrep, flic, fedhenn; oversample is GGEUR's matched-compute control: "
-                   "its budget of extra local steps spent on copies of real samples; FedMC's default "
-                   "protocol trains on one calibrated sample per real row, so its control is FedAvg itself)")
+    r.add_argument("--augmenters", help=_augmenters_help)
     r.add_argument("--seed", type=int, help="first seed (default 0)")
     r.add_argument("--seeds", type=int, help="number of seeds; tables show mean ± std (default 1)")
     r.add_argument("--device", help="cpu | cuda (default cpu)")

@@ -31,8 +31,6 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
     import tomli as tomllib
 
-import torch
-
 
 class ConfigError(ValueError):
     """A configuration value fedsim cannot run with."""
@@ -386,6 +384,8 @@ def check_device(where_: str, v) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", v):
         fail(where_, "'cpu', 'cuda' or 'cuda:N'", v)
     if v.startswith("cuda"):
+        import torch  # here only: `fedsim presets` and `fedsim --help` read this module without torch
+
         if not torch.cuda.is_available():
             raise ConfigError(f"config: {where_} is {v!r} but CUDA is not available here; use 'cpu'")
         index = int(v.split(":")[1]) if ":" in v else 0

@@ -246,6 +246,15 @@ def test_the_configuration_is_a_leaf():
         assert gone not in graph
 
 
+def test_every_augmenter_gives_its_own_help_line():
+    """`fedsim run --help` lists the augmenters from the registry, each with its ``summary`` (issue 41:
+    the list was written by hand in cli.py): every registered augmenter defines its own."""
+    from fedsim.augmenters import AUGMENTERS
+
+    for name, cls in AUGMENTERS.items():
+        assert "summary" in vars(cls) and cls.summary.strip(), name
+
+
 def test_every_model_declares_its_params():
     """Every model declares the kind of each of its keyword parameters (``params``, the model_params
     a run may give it), as the plug-ins do: the config checker's model table lived apart from the

@@ -104,6 +104,9 @@ class Augmenter(Exchange[Up, Kept, Down]):
     """
 
     name = "none"
+    # one line for `fedsim run --help` (generated from the registry: cli._augmenters_help); every
+    # registered augmenter gives its own (tests/test_structure.py)
+    summary = "no augmentation"
     defaults: dict = {}
     # the kind of each parameter (config.py's Int, Real, Choice, ...), checked before anything is written;
     # one entry per key of defaults

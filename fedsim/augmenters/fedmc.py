@@ -261,6 +261,8 @@ class FedMCAlgorithm1(FedMCAugmenter):
     added-sample budget ``target_per_class`` / ``n_per_sample`` is accepted for that alone)."""
 
     name = "fedmc"
+    summary = ("FedMC as the paper's Algorithm 1: one calibrated sample per real row, so its matched-compute "
+               "control is the algorithm alone")
     step_names = ("prototypes", "lgd", "rebuild")
     defaults = {**_DEFAULTS, **_BUDGET_DEFAULTS, "protocol": "algorithm1"}
     params = {**_PARAMS, **_BUDGET_PARAMS, "protocol": Choice(*FEDMC_PROTOCOLS)}
@@ -383,6 +385,7 @@ class FedMCFixed(FedMCAugmenter):
     its matched-compute control."""
 
     name = "fedmc-fixed"
+    summary = "FedMC's one-time protocol: calibrated samples added to the real ones (control: oversample)"
     step_names = ("prototypes", "lgd")
     defaults = {**_DEFAULTS, **_BUDGET_DEFAULTS}
     params = {**_PARAMS, **_BUDGET_PARAMS}

@@ -62,6 +62,7 @@ class GGEURAugmenter(Augmenter[StatisticsUpload, StatisticsKept, GeometryDownloa
     (``prototypes``, ``labels``)."""
 
     name = "ggeur"
+    summary = "GGEUR: samples drawn along the pooled class covariances, added to the real ones (control: oversample)"
     step_names = ("statistics",)
     defaults = {"target_per_class": 100, "n_per_prototype": 5, "prototypes": "auto", "noise": "sqrt",
                 "multi_domain_target": None, "resample": "round"}

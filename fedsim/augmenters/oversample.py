@@ -14,6 +14,7 @@ class OversampleAugmenter(Augmenter):
     FedAvg that this control also shows comes from the extra local steps, not from geometry."""
 
     name = "oversample"
+    summary = "copies of real rows: the matched-compute control of ggeur and fedmc-fixed (the same extra steps)"
     defaults = {"target_per_class": 100}
     params = {"target_per_class": Int(0)}
 

@@ -48,6 +48,7 @@ class Total(TypedDict):  # down: every client's rows
 @register_augmenter
 class ToyAug(Augmenter[Rows, Rows, Total]):
     name = "toyaug"
+    summary = "copies of every row, after counting the rows"  # its line in `fedsim run --help`
     step_names = ("count",)
     defaults = {"copies": 1}
     params = {"copies": Int(0)}
@@ -108,3 +109,7 @@ def test_a_toy_algorithm_and_augmenter_are_dispatched_and_configured(toy, tmp_pa
     assert main(common + ["--set", "toy.y=1", "--out", str(tmp_path / "bad")]) == 2
     assert "algorithm 'toy' has no parameter 'y'; it takes x" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+    # the CLI's --augmenters help is made from the registry: the toy's name and summary are in it
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "toyaug: copies of every row, after counting the rows" in " ".join(capsys.readouterr().out.split())
