@@ -18,7 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TOYS = ("linear-mapping", "noisy-features")
 HETFEDREP = {"preset": "preset-hetfedrep", "official-schedule": "hetfedrep"}  # each run's HetFedRep files
-OFFICIAL = {"preset": "-s13", "official-schedule": ""}  # the official runs stored beside it (-s13: more seeds)
+# the official runs stored beside each: per client count the first suffix with a file (-s14: seeds 3-4 added
+# at 100 clients; -s13: the 20-client seeds and the first three at 100)
+OFFICIAL = {"preset": ("-s14", "-s13"), "official-schedule": ("",)}
 
 
 def _counts(results: Path, pattern: str) -> dict[int, Path]:
@@ -67,8 +69,10 @@ def plot(results: Path, png: Path, run: str = "preset") -> None:
                 both = [n for n in accs if n in local]
                 paired(bottom, both, [accs[n] - local[n] for n in both], label=f"{label} - Local, here",
                        color=color, marker="o")
-        official = {n: json.loads(p.read_text())["runs"]
-                    for n, p in _counts(results, rf"official-{toy}-(\d+)clients{OFFICIAL[run]}\.json").items()}
+        files = {}
+        for suffix in reversed(OFFICIAL[run]):  # the earlier suffix first, so the later one wins
+            files.update(_counts(results, rf"official-{toy}-(\d+)clients{suffix}\.json"))
+        official = {n: json.loads(p.read_text())["runs"] for n, p in sorted(files.items())}
         for method, color in (("Local", "tab:gray"), ("FLIC", "tab:blue")):
             pts = {n: [r["final_round_all_clients"] for r in runs_.get(method, {}).values()]
                    for n, runs_ in official.items()}
