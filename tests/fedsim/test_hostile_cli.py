@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
 import subprocess
 import sys
@@ -101,8 +102,6 @@ def cli(tmp_path_factory):
         p = state["p"]
         p.stdin.write(json.dumps(argv) + "\n")
         p.stdin.flush()
-        import selectors
-
         sel = selectors.DefaultSelector()
         sel.register(p.stdout, selectors.EVENT_READ)
         if not sel.select(timeout):
@@ -219,28 +218,31 @@ def test_every_bad_flag_and_toml_value_alone_is_refused_by_name(cli):
             _toml_case(cli, ([f"{key} = {v}"], [names]))
 
 
+FLAG_CASES, TOML_CASES = 30, 20  # per default run; ten times as many with --runslow
+
+
 @given(case=flag_cases())
-@settings(max_examples=30)
+@settings(max_examples=FLAG_CASES)
 def test_flags_end_in_a_result_or_a_named_refusal(cli, case):
     _flags_case(cli, case)
 
 
 @given(case=toml_cases())
-@settings(max_examples=20)
+@settings(max_examples=TOML_CASES)
 def test_toml_ends_in_a_result_or_a_named_refusal(cli, case):
     _toml_case(cli, case)
 
 
 @pytest.mark.slow
 @given(case=flag_cases())
-@settings(max_examples=300)
+@settings(max_examples=10 * FLAG_CASES)
 def test_flags_deep(cli, case):
     _flags_case(cli, case)
 
 
 @pytest.mark.slow
 @given(case=toml_cases())
-@settings(max_examples=200)
+@settings(max_examples=10 * TOML_CASES)
 def test_toml_deep(cli, case):
     _toml_case(cli, case)
 
@@ -257,3 +259,16 @@ def test_values_beyond_what_a_run_can_do_are_refused_naming_them(tmp_path, field
     setattr(cfg, field, value)
     with pytest.raises(ValueError, match=field):
         plugins.validate(cfg)
+
+
+def _reliability_row(surface: str) -> str:
+    """The row of docs/reliability.md's harness table for ``surface``: its counts are this file's."""
+    rows = [ln for ln in (ROOT / "docs" / "reliability.md").read_text().splitlines() if ln.startswith(f"| {surface} |")]
+    assert len(rows) == 1, f"docs/reliability.md has {len(rows)} rows for {surface!r}"
+    return rows[0]
+
+
+def test_the_reliability_page_states_these_cases():
+    swept = sum(len(v[2]) for v in FLAGS.values()) + sum(len(v[1]) for v in TOML.values())
+    assert f"| {FLAG_CASES + TOML_CASES} generated + {swept} swept |" in _reliability_row(
+        "`fedsim run` flags, TOML, `--set`")

@@ -8,15 +8,17 @@ prefix) or a codec payload's schema (an unknown or mismatched kind, an entry lis
 sent), and reads it back through ``from_bytes``, ``load`` (a file) and ``codec.take``. A case
 ends in one of two ways: a ValueError or TypeError whose message names the source (the file, or
 the codec's ``source`` and the entry), or a container that holds its kind's invariants, checked
-here independently of geomkern (every float finite, variances and eigenvalues >= 0,
-covariances symmetric, GGEUR's counts, variances and eigenvalues >= 0, the fields of the original) and that reads back to itself. A well-formed
-container with poisoned but valid values is accepted: that is not detectable here (docs/reliability.md).
+here independently of geomkern (every float finite, variances and eigenvalues >= 0, GGEUR's
+counts >= 0 (FedMC's are DP-noisy and may be negative), covariances symmetric, the fields of the
+original) and that reads back to itself. A well-formed container with poisoned but valid values
+is accepted: that is not detectable here (docs/reliability.md).
 Derandomized hypothesis (tests/conftest.py); ``--runslow`` runs 10x the cases."""
 from __future__ import annotations
 
 import json
 import math
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +48,9 @@ def _containers() -> dict[str, Exchanged]:
 
 CONTAINERS = _containers()
 SLOW = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+# per default run; ten times as many with --runslow
+BLOBS_PER_KIND, PAYLOADS, WEIGHT_SETS = 80, 60, 30
 
 
 def _invariants(c, original) -> None:
@@ -152,13 +157,13 @@ def _harness(kind: str, examples: int):
 
 @pytest.mark.parametrize("kind", list(CONTAINERS))
 def test_a_mutated_container_is_refused_by_name_or_holds_its_invariants(kind, tmp_path_factory):
-    _harness(kind, 80)(tmp_path_factory)
+    _harness(kind, BLOBS_PER_KIND)(tmp_path_factory)
 
 
 @SLOW
 @pytest.mark.parametrize("kind", list(CONTAINERS))
 def test_a_mutated_container_deep(kind, tmp_path_factory):
-    _harness(kind, 800)(tmp_path_factory)
+    _harness(kind, 10 * BLOBS_PER_KIND)(tmp_path_factory)
 
 
 def test_a_container_is_refused_as_another_kind():
@@ -222,20 +227,20 @@ def _check_take(rd):
 
 
 @given(rd=payloads())
-@settings(max_examples=60)
+@settings(max_examples=PAYLOADS)
 def test_a_hostile_payload_is_refused_naming_its_source_or_read_as_its_schema_says(rd):
     _check_take(rd)
 
 
 @SLOW
 @given(rd=payloads())
-@settings(max_examples=600)
+@settings(max_examples=10 * PAYLOADS)
 def test_a_hostile_payload_deep(rd):
     _check_take(rd)
 
 
 @given(data=st.data())
-@settings(max_examples=30)
+@settings(max_examples=WEIGHT_SETS)
 def test_uploaded_weights_of_another_shape_dtype_or_entries_are_refused_by_name(data):
     template = {"weight": torch.zeros(4, 8), "log_scale": torch.zeros(())}
     params = {k: v.clone() for k, v in template.items()}
@@ -252,3 +257,17 @@ def test_uploaded_weights_of_another_shape_dtype_or_entries_are_refused_by_name(
         params["evil"] = torch.zeros(1)
     with pytest.raises(ValueError, match="client 2's update"):
         codec.check_params("client 2's update", params, template)
+
+
+def _reliability_row(surface: str) -> str:
+    """The row of docs/reliability.md's harness table for ``surface``: its counts are this file's."""
+    rows = [ln for ln in (ROOT / "docs" / "reliability.md").read_text().splitlines() if ln.startswith(f"| {surface} |")]
+    assert len(rows) == 1, f"docs/reliability.md has {len(rows)} rows for {surface!r}"
+    return rows[0]
+
+
+def test_the_reliability_page_states_these_cases():
+    swaps = len(CONTAINERS) * (len(CONTAINERS) - 1)
+    assert (f"| {BLOBS_PER_KIND} mutated blobs per kind ({len(CONTAINERS)} kinds) + {swaps} kind swaps |"
+            in _reliability_row("containers (FedMC, GGEUR)"))
+    assert f"| {PAYLOADS} payloads + {WEIGHT_SETS} weight sets |" in _reliability_row("Flower codec")

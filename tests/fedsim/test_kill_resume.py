@@ -9,11 +9,12 @@ Kill points. The reference run (in this process) records when each checkpoint wr
 child is killed ``u`` x (that run's time from its first checkpoint to its last) after its own first
 checkpoint appears, so a point lands in a round, in a checkpoint write, between grid points or in
 FLIC's alignment phase of a late first participation; a resumed child of the chain below may also
-be killed in its final outputs (plots, results.json last). ``u`` comes from the test's seed (tests/conftest.py: fixed by default, fresh with
-``--random-seeds``); a failure prints the seed. The default run kills once per path; ``--runslow``
-kills a chain: the resumed child is killed again, three times, before the last resume. A child
-that finishes before its kill point is retried at half the delay (a kill that never lands fails the
-test rather than passing it unkilled)."""
+be killed in its final outputs (plots, results.json last). ``u`` comes from the test's seed
+(tests/conftest.py: fixed by default, fresh with ``--random-seeds``); a failure prints the seed.
+The default run kills once per path; ``--runslow`` kills a chain: the resumed child is killed
+again, three times, before the last resume. A child that finishes before its kill point is
+retried at half the delay (a kill that never lands fails the test rather than passing it
+unkilled)."""
 from __future__ import annotations
 
 import contextlib
@@ -160,7 +161,8 @@ def _kill_child(cmd: list[str], out: Path, delay: float, log: Path, lead: dict) 
             elif now - first >= delay:
                 break
             time.sleep(0.002)
-        assert time.monotonic() < deadline, f"the child neither checkpointed nor ended in 240 s: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, \
+            f"the child neither checkpointed nor ended in 240 s: {log.read_text()[-2000:]}"
         if proc.poll() is not None:
             assert proc.returncode == 0, f"the child failed before its kill point: {log.read_text()[-3000:]}"
             return "finished"
@@ -246,3 +248,14 @@ def test_a_run_killed_at_a_random_point_resumes_byte_identically(path, inputs, t
 def test_a_run_killed_again_while_resuming_still_resumes_byte_identically(path, inputs, tmp_path, monkeypatch,
                                                                           seed):
     _check_kill_and_resume(path, inputs, tmp_path, monkeypatch, seed, kills=4)
+
+
+def _reliability_row(surface: str) -> str:
+    """The row of docs/reliability.md's harness table for ``surface``: its counts are this file's."""
+    rows = [ln for ln in (ROOT / "docs" / "reliability.md").read_text().splitlines() if ln.startswith(f"| {surface} |")]
+    assert len(rows) == 1, f"docs/reliability.md has {len(rows)} rows for {surface!r}"
+    return rows[0]
+
+
+def test_the_reliability_page_states_these_kill_points():
+    assert f"| {len(PATHS)} kill points, one per path |" in _reliability_row("kill and resume")

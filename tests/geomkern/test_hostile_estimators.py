@@ -12,7 +12,9 @@ case must raise ValueError or TypeError naming the bad argument (for X: "X" or s
 wording for the array's fault). Derandomized hypothesis (tests/conftest.py); ``--runslow``: 10x."""
 from __future__ import annotations
 
+import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +28,8 @@ from geomkern.sklearn import BatchedKernelPCA, BatchedKMeans, KernelPCA, KMeans 
 
 # scikit-learn's messages for a bad X (check_array): they name the array's fault, not always "X"
 X_WORDS = ("X", "array", "sample", "dim", "Complex", "convert string", "Sparse", "sparse")
+ROOT = Path(__file__).resolve().parents[2]
+ESTIMATOR_CASES, GROUP_CASES = 80, 30  # per default run; ten times as many with --runslow
 OVERFLOW = 1e200  # squared distances of such rows overflow float64: geomkern refuses them by name
 
 
@@ -165,20 +169,20 @@ def _run(case):
 
 
 @given(case=cases())
-@settings(max_examples=80)
+@settings(max_examples=ESTIMATOR_CASES)
 def test_an_estimator_gives_a_correct_result_or_a_named_refusal(case):
     _run(case)
 
 
 @pytest.mark.slow
 @given(case=cases())
-@settings(max_examples=800)
+@settings(max_examples=10 * ESTIMATOR_CASES)
 def test_an_estimator_deep(case):
     _run(case)
 
 
 @given(data=st.data())
-@settings(max_examples=30)
+@settings(max_examples=GROUP_CASES)
 def test_batched_estimators_refuse_bad_groups_by_name_and_match_one_group(data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
     n = data.draw(st.integers(4, 12))
@@ -221,3 +225,17 @@ def test_the_median_heuristic_never_picks_a_gamma_the_gram_cannot_resolve():
     K = np.exp(-est.gamma_ * np.maximum(sq[:, None] + sq[None, :] - 2 * X @ X.T, 0))
     J = np.eye(5) - 0.2
     assert np.isclose((Z ** 2).sum(), np.linalg.eigvalsh(J @ K @ J)[-1], rtol=1e-6)  # 1.6 vs 1.5159
+
+
+def _reliability_row(surface: str) -> str:
+    """The row of docs/reliability.md's harness table for ``surface``: its counts are this file's."""
+    rows = [ln for ln in (ROOT / "docs" / "reliability.md").read_text().splitlines() if ln.startswith(f"| {surface} |")]
+    assert len(rows) == 1, f"docs/reliability.md has {len(rows)} rows for {surface!r}"
+    return rows[0]
+
+
+def test_the_reliability_page_states_these_cases():
+    assert (f"| {ESTIMATOR_CASES} estimator cases + {GROUP_CASES} group cases |"
+            in _reliability_row("scikit-learn estimators"))
+    ops = int(re.search(r"^EXAMPLES = (\d+)", (ROOT / "tests/geomkern/test_hostile_ops.py").read_text(), re.M)[1])
+    assert f"| {ops} per op |" in _reliability_row("geomkern ops")
