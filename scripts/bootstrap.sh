@@ -51,7 +51,7 @@ if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VPY" -c "f
   exit 0
 fi
 echo "[bootstrap] installing build tools"
-"$VPY" -m pip install -q setuptools wheel ninja
+"$VPY" -m pip install -q 'setuptools>=77' wheel ninja  # pyproject's build requirement
 # Dependencies come from pyproject.toml; the torch present satisfies its torch requirement, so
 # pip leaves it alone.
 extras=fedsim,test,docs
