@@ -38,6 +38,14 @@ class ConfigError(ValueError):
 
 # the largest seed: torch.manual_seed takes 64-bit seeds, numpy's SeedSequence any non-negative int
 MAX_SEED = 2 ** 63 - 1
+# Upper bounds that catch a mistake before a run starts what it cannot finish (issue 44's harness:
+# rounds = 2**70 in a TOML file, or 1e11 seeds, were accepted): far above any run in the docs, and a
+# learning rate must be a float32 (the optimisers' dtype; 1e308 failed in the first step naming no
+# argument).
+MAX_ROUNDS = 10 ** 6
+MAX_EPOCHS = 10 ** 5
+MAX_SEEDS = 10 ** 4
+MAX_LR = 3.4e38  # float32's largest finite value, rounded down
 # The largest finite DP epsilon (per release or in total): a bound of e^100 on the likelihood ratio
 # protects nothing, and the PLD accountant that calibrates the noise grows with epsilon (2.6 s at
 # 100, 30 s at 1000; at 1e4 it ran out of memory and --epsilon-total 1e308 had the run killed).
@@ -363,20 +371,20 @@ def run_fields(choices: dict) -> dict:
         "feature_shift": Real(0, 1000, note="the rotation's strength; views are unrelated from about 2 on"),
         "feature_noise": Real(0),
         "client_fraction": Real(0, 1, lo_open=True),
-        "rounds": Int(1),
-        "local_epochs": Int(1),
+        "rounds": Int(1, MAX_ROUNDS),
+        "local_epochs": Int(1, MAX_EPOCHS),
         "batch_size": Int(1),
-        "lr": Real(0, lo_open=True),
+        "lr": Real(0, MAX_LR, lo_open=True),
         "momentum": Real(0, 1, hi_open=True),
         "weight_decay": Real(0),
         "model": choices["model"],
         "zero_shot": Bool(),
         "seed": Int(0, MAX_SEED),
-        "seeds": Int(1),
+        "seeds": Int(1, MAX_SEEDS),
         # at most half: the rest trains
         "val_fraction": Real(0, 0.5, note="the share of each client's training rows held out for validation"),
-        "tune_lr": ListOf(Real(0, lo_open=True)),
-        "tune_epochs": ListOf(Int(1)),
+        "tune_lr": ListOf(Real(0, MAX_LR, lo_open=True)),
+        "tune_epochs": ListOf(Int(1, MAX_EPOCHS)),
     }
 
 

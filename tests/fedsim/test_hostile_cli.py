@@ -7,12 +7,11 @@ bad one must exit 2 with one error line naming a bad argument (its flag, key or 
 traceback, and no --out folder left. Derandomized hypothesis (tests/conftest.py); ``--runslow``
 runs 10x the cases.
 
-Found by this harness and not fixed here (the fix belongs in fedsim/config.py, which another change
-was moving): ``--lr`` beyond float32's range (1e308) is accepted by the checks and fails in the
-first optimizer step with "value cannot be converted to type float without overflow", naming no
-argument; counts without an upper bound (``rounds``, ``seeds`` = 2**70 or 1e11) are accepted and the
-run starts what cannot finish. Both are left out of the tables and pinned by the strict xfail test
-at the end, which turns red when they are fixed."""
+Found by this harness and fixed in fedsim/config.py: ``--lr`` beyond float32's range (1e308) was
+accepted by the checks and failed in the first optimizer step with "value cannot be converted to
+type float without overflow", naming no argument; counts without an upper bound (``rounds``,
+``seeds`` = 2**70 or 1e11) were accepted and the run started what cannot finish. The test at the end
+holds the bounds (config.MAX_LR, MAX_ROUNDS, MAX_EPOCHS, MAX_SEEDS)."""
 from __future__ import annotations
 
 import json
@@ -250,9 +249,8 @@ def test_toml_deep(cli, case):
     _toml_case(cli, case)
 
 
-@pytest.mark.xfail(strict=True, reason="harness finding: fedsim/config.py has no upper bound for lr (float32) "
-                                       "and for the counts rounds/seeds; the fix belongs there")
-@pytest.mark.parametrize("field,value", [("lr", 1e308), ("rounds", 2 ** 70), ("seeds", 10 ** 11)])
+@pytest.mark.parametrize("field,value", [("lr", 1e308), ("rounds", 2 ** 70), ("seeds", 10 ** 11),
+                                         ("local_epochs", 10 ** 9), ("tune_lr", [0.1, 1e300])])
 def test_values_beyond_what_a_run_can_do_are_refused_naming_them(tmp_path, field, value):
     from fedsim import plugins
     from fedsim.config import RunConfig
