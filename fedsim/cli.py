@@ -118,6 +118,11 @@ def run_config(args, given: dict):
         from .runner import TUNE_LR_FACTORS
 
         cfg.tune_lr = [float(f"{cfg.lr * f:.6g}") for f in TUNE_LR_FACTORS]
+    for flag, value in (("--algorithms", args.algorithms), ("--augmenters", args.augmenters)):
+        if value is not None and not [x for x in value.split(",") if x.strip()]:  # "" ran the defaults silently
+            raise ValueError(f"{flag} {value!r}: give at least one name, e.g. {flag} "
+                             f"{'fedavg' if flag == '--algorithms' else 'none,ggeur'} (leave the flag out for the "
+                             "defaults)")
     if args.algorithms or args.augmenters:
         params = {}  # the preset's / file's [params.PLUGIN] tables also reach the methods the flags name
         for t in tables:

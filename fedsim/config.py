@@ -538,6 +538,8 @@ def check_params_table(params, where_: str, lookup: Lookup) -> dict[str, dict]:
         if unknown:
             raise ValueError(f"{where_}: [params.{plugin}] has unknown key(s) {unknown}; {kind} {plugin!r} takes "
                              f"{', '.join(sorted(defaults)) or 'none'}")
+        # each value against its kind here, as --set does: a table no method uses is never checked later
+        check_params(f"{where_} [params.{plugin}]", table, defaults, cls.params, f"{kind} {plugin!r}")
     return params
 
 

@@ -375,3 +375,20 @@ def test_import_out_a_dangling_symlink_is_not_replaced(tmp_path, capsys):
                         "--out", str(link)] + extra, capsys)
         _check(rc, err, "is a symbolic link to", tmp_path / "nothing")
     assert link.is_symlink()
+
+
+def test_an_empty_name_list_is_refused_not_read_as_the_defaults(tmp_path, capsys):
+    # issue 44's harness: --algorithms "" ran the default methods without a word
+    for flag in ("--algorithms", "--augmenters"):
+        assert main(["run", flag, " , ", "--out", str(tmp_path / "o")]) == 2
+        assert f"{flag} ' , ': give at least one name" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_params_table_is_checked_even_where_no_method_uses_it(tmp_path, capsys):
+    # issue 44's harness: [params.fedprox] mu = -1 passed when no method ran FedProx (--set refused it)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("rounds = 1\n[params.fedprox]\nmu = -1\n")
+    assert main(["run", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert "[params.fedprox].mu must be a finite number >= 0, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
