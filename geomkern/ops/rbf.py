@@ -284,4 +284,16 @@ def median_gamma(X: torch.Tensor, *, max_points: int = 2048, seed: int = 0) -> f
     if not (math.isfinite(gamma) and gamma > 0 and math.isfinite(med)):
         raise ValueError(f"median pairwise squared distance of X is {med:.3g}, whose inverse is not a "
                          "usable gamma; rescale X (gamma scales by 1/factor^2) or pass gamma yourself")
+    # A Gram of X forms |x|^2 + |y|^2 - 2 <x, y> in X's dtype, which resolves squared distances only
+    # down to about eps |x|^2: a median below 100 times that (1 % of it lost to rounding) gives a
+    # gamma whose kernel values are rounding noise (issue 44's harness: X = [0, 0, 0, 1, 1.2e-9]
+    # took gamma 7e17 and KernelPCA returned 1.6 for 1.52, without an error).
+    compute = torch.float64 if X.dtype == torch.float64 else torch.float32  # half inputs: a float32 Gram
+    scale = float((Xc - Xc.mean(0)).square().sum(1).max())
+    floor = 100 * torch.finfo(compute).eps * scale
+    if med < floor:
+        raise ValueError(f"median pairwise squared distance of X is {med:.3g}, below what a Gram of X in "
+                         f"{str(compute).replace('torch.', '')} resolves at its scale ({floor:.3g} = 100 eps "
+                         f"max|x - mean|^2): gamma = 1/median would weigh rounding noise. Pass gamma "
+                         "yourself, or drop the near-duplicate rows that make most pairs coincide")
     return gamma
