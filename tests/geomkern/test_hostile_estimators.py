@@ -125,7 +125,8 @@ def _check_kpca(Z, X, est, k):
     mu = np.clip(np.linalg.eigvalsh(J @ K @ J)[::-1][:k], 0, None)
     got = (np.asarray(Z, dtype=np.float64) ** 2).sum(0)
     # the distances' rounding: |d^2 error| <~ 16 eps max|x|^2, each K entry off by gamma times it, the
-    # eigenvalues by n times that (vacuous where gamma eps max|x|^2 nears 1: see the xfail test below)
+    # eigenvalues by n times that (vacuous where gamma eps max|x|^2 nears 1; median_gamma now refuses
+    # such a gamma: see the test below)
     eps = np.finfo(np.asarray(Z).dtype).eps
     cond = n * est.gamma_ * 16 * eps * max(sq.max(), 1e-300)
     tol = (1e-4 * max(1.0, mu.max(initial=0.0)) if np.asarray(Z).dtype == np.float32 else 1e-8 * max(1.0, n)) + cond
