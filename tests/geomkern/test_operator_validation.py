@@ -217,3 +217,45 @@ def test_compiled_call_refuses_a_bad_name_while_tracing():
     expected = str(_refusal(lambda: gk.rbf_gram(X, gamma=0.5, precision="fp8")))
     f = torch.compile(lambda X: gk.rbf_gram(X, gamma=0.5, precision="fp8"), fullgraph=True)
     assert expected in str(_refusal(lambda: f(X)))
+
+
+_TRITON_TABLED = ("rbf_gram", "rbf_matmul")  # the triton operators with a public op of the same schema
+
+
+@pytest.mark.parametrize("name,changes,exc,pattern",
+                         [pytest.param(op, ch, e, p, id=f"{op}-{cid}") for op, cid, ch, e, p, m in CASES
+                          if op in _TRITON_TABLED and m])
+def test_triton_operator_refuses_as_the_function_does(name, changes, exc, pattern):
+    """torch.ops.geomkern_triton.rbf_gram / rbf_matmul take the public op's arguments: each bad call
+    that needs no values read is refused with the public function's exception and words, before a
+    launch (so on any device; issue 44: they checked only the precision)."""
+    pytest.importorskip("triton")
+    import geomkern.backends.triton.operators  # noqa: F401  (registers torch.ops.geomkern_triton)
+
+    spec = SPECS[name]
+    _, public, args = _call(spec, changes)
+    by_function = _refusal(public)
+    by_operator = _refusal(lambda: getattr(torch.ops.geomkern_triton, name)(*args))
+    assert type(by_operator) is exc and str(by_operator) == str(by_function), str(by_operator)
+
+
+@pytest.mark.parametrize("call,pattern", [
+    (lambda ops, a, o: ops.project_onto_basis(X, a, o, B, -1.0, "tf32x3"), r"gamma must be"),
+    (lambda ops, a, o: ops.project_onto_basis(X, a, o, B, 0.5, "fp8"), r"precision='fp8' is not supported"),
+    (lambda ops, a, o: ops.project_onto_basis(X, a[:5], o, B, 0.5, "tf32x3"), r"alphas must have one row per row"),
+    (lambda ops, a, o: ops.project_onto_basis(X, a, o, B[:, :2], 0.5, "tf32x3"), r"feature dimension mismatch"),
+    (lambda ops, a, o: ops.project_onto_basis(X, a, o.double(), B, 0.5, "tf32x3"), r"offsets"),
+    (lambda ops, a, o: ops.kmeans_assign(X.reshape(3, 4, 3), B.reshape(1, 5, 3), "tf32x3"), r"must match X"),
+    (lambda ops, a, o: ops.kmeans_assign(X.reshape(3, 4, 3), X[:6].reshape(3, 2, 3).float(), "tf32x3"), r"dtype"),
+    (lambda ops, a, o: ops.kmeans_assign(X.reshape(3, 4, 3), X[:6].reshape(3, 2, 3), "magic"), r"precision='magic'"),
+], ids=("proj-gamma", "proj-precision", "proj-alphas", "proj-dim", "proj-offsets", "assign-shape", "assign-dtype",
+        "assign-precision"))
+def test_triton_launcher_operators_check_their_arguments(call, pattern):
+    """The two triton operators without a public twin (the projection's launcher, the K-Means
+    assignment step) refuse bad names, shapes and dtypes by name before a launch."""
+    pytest.importorskip("triton")
+    import geomkern.backends.triton.operators  # noqa: F401
+
+    alphas = FIT.alphas
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        call(torch.ops.geomkern_triton, alphas, OFF)
