@@ -3,7 +3,9 @@
 // instruction-set variant (bindings: geomkern.cpp).
 #include "stable.h"
 
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace geomkern {
@@ -18,28 +20,10 @@ std::vector<std::string> cpu_isas(bool runnable_only);
 // one of them (the Python loader checks the name first and raises ValueError).
 void select_cpu_isa(const std::string& isa);
 
-// The hot kernels: each calls its copy in the selected variant (isa.cpp), which is defined with
-// this signature in namespace geomkern::<variant> by the source named.
-// csrc/cpu/preimage.cpp: fused pre-image loops, same math as geomkern/ops/preimage.py
-Tensor preimage_gd_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
-                           double gamma, int64_t steps, const Tensor& lr);
-Tensor preimage_fixed_point_cpu(const Tensor& Z0, const Tensor& B, const Tensor& A,
-                                    double gamma, int64_t steps);
-// csrc/cpu/preimage_span.cpp: the same two loops iterated in span(z0, B) (one S x S product per
-// step instead of two S x D ones; the native default where S <= D)
-Tensor preimage_gd_span_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
-                                double gamma, int64_t steps, const Tensor& lr);
-Tensor preimage_fixed_point_span_cpu(const Tensor& Z0, const Tensor& B,
-                                         const Tensor& A, double gamma, int64_t steps);
-// csrc/cpu/rbf.cpp: K(X, Y) V tiled, K never stored; and K(X, Y) itself (Y None: the symmetric
-// K(X, X) from the tiles on and above its diagonal), tiles in one parallel region
-Tensor rbf_matmul_cpu(const Tensor& X, const Tensor& Y, const Tensor& V, double gamma);
-Tensor rbf_gram_cpu(const Tensor& X, const std::optional<Tensor>& Y, double gamma);
-// csrc/cpu/kmeans.cpp: greedy k-means++ per set (one splitmix64 stream per seed and set), and
-// Lloyd per set from given centres, each set stopping on its own;
-// returns labels (N,), centers (m, k, D), assignment passes per set (m,) and the inertia per set
-// (m,) float64, from exact squared distances
-Tensor kmeanspp_cpu(const Tensor& X, const Tensor& offsets, int64_t k, int64_t seed);
-std::tuple<Tensor, Tensor, Tensor, Tensor> kmeans_lloyd_cpu(const Tensor& X, const Tensor& offsets,
-                                         const Tensor& centers, int64_t iters);
+// The hot kernels, one per line of csrc/ops.def: geomkern::<name>_cpu calls its copy in the
+// selected variant (isa.cpp), which the kernel source named there defines with this signature in
+// namespace geomkern::<variant>.
+#define GEOMKERN_OP(name, params, args, schema, ...) __VA_ARGS__ name##_cpu params;
+#include "ops.def"
+#undef GEOMKERN_OP
 }  // namespace geomkern

@@ -10,50 +10,60 @@
 #include "isa.h"
 #include "ops.h"
 
-// The entry points a variant defines in its namespace, with ops.h's signatures (one that a kernel
-// source defined with another signature would be an undefined symbol: the import fails).
-#define GEOMKERN_DECLARE_VARIANT(ns)                                                             \
-  namespace geomkern {                                                                           \
-  namespace ns {                                                                                 \
-  decltype(geomkern::preimage_gd_cpu) preimage_gd_cpu;                                           \
-  decltype(geomkern::preimage_fixed_point_cpu) preimage_fixed_point_cpu;                         \
-  decltype(geomkern::preimage_gd_span_cpu) preimage_gd_span_cpu;                                 \
-  decltype(geomkern::preimage_fixed_point_span_cpu) preimage_fixed_point_span_cpu;               \
-  decltype(geomkern::rbf_matmul_cpu) rbf_matmul_cpu;                                             \
-  decltype(geomkern::rbf_gram_cpu) rbf_gram_cpu;                                                 \
-  decltype(geomkern::kmeanspp_cpu) kmeanspp_cpu;                                                 \
-  decltype(geomkern::kmeans_lloyd_cpu) kmeans_lloyd_cpu;                                         \
-  }                                                                                              \
-  }
-#define GEOMKERN_VARIANT(ns, name, runs_here)                                                    \
-  Variant {                                                                                      \
-    name, runs_here, &ns::preimage_gd_cpu, &ns::preimage_fixed_point_cpu,                        \
-        &ns::preimage_gd_span_cpu, &ns::preimage_fixed_point_span_cpu, &ns::rbf_matmul_cpu,      \
-        &ns::rbf_gram_cpu, &ns::kmeanspp_cpu, &ns::kmeans_lloyd_cpu                              \
-  }
-
-GEOMKERN_DECLARE_VARIANT(isa_base)
+// Every variant's entry points, declared in its namespace with ops.h's signatures, one per op of
+// csrc/ops.def (one that a kernel source defined with another signature would be an undefined
+// symbol: the import fails).
+#define GEOMKERN_OP(name, params, args, schema, ...) decltype(geomkern::name##_cpu) name##_cpu;
+namespace geomkern::isa_base {
+#include "../ops.def"
+}
 #if GEOMKERN_ISA_VARIANTS
-GEOMKERN_DECLARE_VARIANT(isa_avx2)
-GEOMKERN_DECLARE_VARIANT(isa_avx512f)
+namespace geomkern::isa_avx2 {
+#include "../ops.def"
+}
+namespace geomkern::isa_avx512f {
+#include "../ops.def"
+}
 #endif
+#undef GEOMKERN_OP
 
 namespace geomkern {
 namespace {
+
+// One compiled copy's entry points: a member per op of csrc/ops.def, in its order.
+struct Kernels {
+#define GEOMKERN_OP(name, params, args, schema, ...) decltype(&name##_cpu) name;
+#include "../ops.def"
+#undef GEOMKERN_OP
+};
+
+// The entry points of the variant in namespace GEOMKERN_VARIANT_NS (set before each include).
+#define GEOMKERN_OP(name, params, args, schema, ...) &GEOMKERN_VARIANT_NS::name##_cpu,
+#define GEOMKERN_VARIANT_NS isa_base
+const Kernels kBase = {
+#include "../ops.def"
+};
+#undef GEOMKERN_VARIANT_NS
+#if GEOMKERN_ISA_VARIANTS
+#define GEOMKERN_VARIANT_NS isa_avx2
+const Kernels kAvx2 = {
+#include "../ops.def"
+};
+#undef GEOMKERN_VARIANT_NS
+#define GEOMKERN_VARIANT_NS isa_avx512f
+const Kernels kAvx512f = {
+#include "../ops.def"
+};
+#undef GEOMKERN_VARIANT_NS
+#endif
+#undef GEOMKERN_OP
 
 // One compiled copy of the hot kernels: the name cpu_isa() reports, whether this CPU runs it, and
 // its entry points.
 struct Variant {
   const char* name;
   bool (*runs_here)();
-  decltype(&preimage_gd_cpu) preimage_gd;
-  decltype(&preimage_fixed_point_cpu) preimage_fixed_point;
-  decltype(&preimage_gd_span_cpu) preimage_gd_span;
-  decltype(&preimage_fixed_point_span_cpu) preimage_fixed_point_span;
-  decltype(&rbf_matmul_cpu) rbf_matmul;
-  decltype(&rbf_gram_cpu) rbf_gram;
-  decltype(&kmeanspp_cpu) kmeanspp;
-  decltype(&kmeans_lloyd_cpu) kmeans_lloyd;
+  const Kernels* kernels;
 };
 
 bool always() { return true; }
@@ -69,9 +79,9 @@ bool has_avx512f() { return has_avx2_fma() && __builtin_cpu_supports("avx512f");
 
 // widest first: the first one the CPU runs is the default
 const Variant kVariants[] = {
-    GEOMKERN_VARIANT(isa_avx512f, "avx512f", has_avx512f),
-    GEOMKERN_VARIANT(isa_avx2, "avx2+fma", has_avx2_fma),
-    GEOMKERN_VARIANT(isa_base, "baseline", always),
+    {"avx512f", has_avx512f, &kAvx512f},
+    {"avx2+fma", has_avx2_fma, &kAvx2},
+    {"baseline", always, &kBase},
 };
 #else
 // One variant, built for the compiler's target (-march=native, or not x86): named after it.
@@ -87,7 +97,7 @@ constexpr const char* kTargetName =
 #else
     "generic";  // not x86: 16-byte vectors where the compiler has them
 #endif
-const Variant kVariants[] = {GEOMKERN_VARIANT(isa_base, kTargetName, always)};
+const Variant kVariants[] = {{kTargetName, always, &kBase}};
 #endif
 
 const Variant* widest() {
@@ -98,7 +108,8 @@ const Variant* widest() {
 
 std::atomic<const Variant*> selected{widest()};
 
-const Variant& active() { return *selected.load(std::memory_order_relaxed); }
+const Variant& active_variant() { return *selected.load(std::memory_order_relaxed); }
+const Kernels& active() { return *active_variant().kernels; }
 
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
@@ -108,7 +119,7 @@ std::string joined(const std::vector<std::string>& names) {
 
 }  // namespace
 
-std::string cpu_isa() { return active().name; }
+std::string cpu_isa() { return active_variant().name; }
 
 std::vector<std::string> cpu_isas(bool runnable_only) {
   std::vector<std::string> out;
@@ -130,34 +141,10 @@ void select_cpu_isa(const std::string& isa) {
                               joined(cpu_isas(false)) + "; this CPU runs: " + joined(cpu_isas(true)) + ")");
 }
 
-Tensor preimage_gd_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
-                           double gamma, int64_t steps, const Tensor& lr) {
-  return active().preimage_gd(Z0, B, T, gamma, steps, lr);
-}
-Tensor preimage_fixed_point_cpu(const Tensor& Z0, const Tensor& B, const Tensor& A,
-                                    double gamma, int64_t steps) {
-  return active().preimage_fixed_point(Z0, B, A, gamma, steps);
-}
-Tensor preimage_gd_span_cpu(const Tensor& Z0, const Tensor& B, const Tensor& T,
-                                double gamma, int64_t steps, const Tensor& lr) {
-  return active().preimage_gd_span(Z0, B, T, gamma, steps, lr);
-}
-Tensor preimage_fixed_point_span_cpu(const Tensor& Z0, const Tensor& B,
-                                         const Tensor& A, double gamma, int64_t steps) {
-  return active().preimage_fixed_point_span(Z0, B, A, gamma, steps);
-}
-Tensor rbf_matmul_cpu(const Tensor& X, const Tensor& Y, const Tensor& V, double gamma) {
-  return active().rbf_matmul(X, Y, V, gamma);
-}
-Tensor rbf_gram_cpu(const Tensor& X, const std::optional<Tensor>& Y, double gamma) {
-  return active().rbf_gram(X, Y, gamma);
-}
-Tensor kmeanspp_cpu(const Tensor& X, const Tensor& offsets, int64_t k, int64_t seed) {
-  return active().kmeanspp(X, offsets, k, seed);
-}
-std::tuple<Tensor, Tensor, Tensor, Tensor> kmeans_lloyd_cpu(const Tensor& X, const Tensor& offsets,
-                                         const Tensor& centers, int64_t iters) {
-  return active().kmeans_lloyd(X, offsets, centers, iters);
-}
+// ops.h's entry points: each calls the selected variant's
+#define GEOMKERN_OP(name, params, args, schema, ...) \
+  __VA_ARGS__ name##_cpu params { return active().name args; }
+#include "../ops.def"
+#undef GEOMKERN_OP
 
 }  // namespace geomkern
