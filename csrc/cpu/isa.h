@@ -1,7 +1,9 @@
-// Instruction-set variants of the hot CPU kernels (preimage.cpp, preimage_span.cpp, kmeans.cpp,
-// rbf.cpp). A portable build (the default on x86-64) compiles each of them three times into one
-// library: as is for baseline x86-64 (SSE2), and through csrc/cpu/variants/ for AVX2+FMA and for
-// AVX-512F. isa.cpp picks one at load from what the CPU reports (gk.cpu_isa() names it).
+// Instruction-set variants of the hot CPU kernels (every csrc/cpu/*.cpp that includes simd.h:
+// preimage.cpp, preimage_span.cpp, kmeans.cpp, rbf.cpp). A portable build (the default on x86-64)
+// compiles each of them three times into one library: as is for baseline x86-64 (SSE2), and for
+// AVX2+FMA and AVX-512F through six-line translation units that setup.py generates
+// (variant_sources: build/geomkern_variants/<kernel>_<isa>.cpp). isa.cpp picks one at load from
+// what the CPU reports (gk.cpu_isa() names it).
 // GEOMKERN_NATIVE_ARCH=1 (setup.py: -march=native) and non-x86 builds hold one variant, the
 // compiler's own target.
 //

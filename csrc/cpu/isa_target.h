@@ -5,8 +5,8 @@
 // external header.
 #pragma once
 
-// GEOMKERN_ISA: 1 AVX2+FMA, 2 AVX-512F (defined by csrc/cpu/variants/ before they include a
-// kernel source); undefined: the compiler's target (the baseline variant).
+// GEOMKERN_ISA: 1 AVX2+FMA, 2 AVX-512F (defined by the variant translation units setup.py generates
+// before they include a kernel source); undefined: the compiler's target (the baseline variant).
 #if GEOMKERN_ISA == 2
 #pragma GCC target("avx512f,avx2,fma")
 #define GEOMKERN_ISA_NS isa_avx512f
