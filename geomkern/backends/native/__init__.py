@@ -4,14 +4,13 @@ no GPU needed). Both are plain shared libraries on torch's stable ABI, one build
 >= 2.10 and every Python >= 3.10 (one wheel, CPU and CUDA): loaded with torch.ops.load_library,
 their operators are ``torch.ops.geomkern_native.*`` and ``torch.ops.geomkern_cuda.*``.
 
-:func:`kernels` is the one place that says which compiled kernel serves which op on which device
-(the native CPU/CUDA pair); an op a device has no kernel for runs on the reference there, as for
-any backend. ``auto`` prefers a native kernel only where a recorded benchmark measured it faster:
-the CPU pre-image loops (studies/native-preimage/native_preimage_timing.py; since issue 20 in span(z0, B) where
-S <= D, benchmarks/test_cpu_floor.py) when built for AVX2+FMA or wider; the CPU rbf_matmul and
-kmeans kernels serve ``gk.set_backend("native")`` only (auto_devices says why). No CUDA kernel is
-preferred: the recorded H100 comparison (results/gpu/eigh_gpu-NVIDIA_H100_80GB_HBM3.json) has the
-Jacobi eigh behind cupy on 500 matrices of 100 x 100 and behind torch on 64 of 512 x 512.
+:func:`kernels` says which compiled kernel serves which op on which device (the native CPU/CUDA
+pair), gathered from one module per op family (preimage, rbf, kmeans, eigh: :data:`FAMILIES`, as
+backends/triton/ has); an op a device has no kernel for runs on the reference there, as for any
+backend. ``auto`` prefers a native kernel only where a recorded benchmark measured it faster (each
+family's ``auto`` gives the measurement): the CPU pre-image loops, rbf_matmul and rbf_gram when
+geomkern._C runs its AVX2+FMA or AVX-512F variant, the CPU kmeans on every variant. No CUDA kernel
+is preferred (eigh.py says why).
 
 Availability is per device type and goes through the registry: ``gk.why_not("native", "cpu")``
 answers for geomkern._C, ``gk.why_not("native", "cuda")`` for geomkern._C_cuda: "not compiled with
@@ -34,8 +33,14 @@ from pathlib import Path
 import torch
 
 from ... import _dispatch
-from ...ops.eigh import sign_fix
-from ...ops.rbf import gram_on_shift, shift_rows
+from . import eigh, kmeans, preimage, rbf
+from .eigh import MAX_SWEEPS, eigh_tol  # noqa: F401 (the names tests and scripts use)
+from .preimage import span_form  # noqa: F401
+
+# The op families with native kernels, one module each (as backends/triton/): each has
+# kernels(C, C_cuda) -> {op: {device type: implementation}} and auto(C) -> {device type: ops auto
+# prefers native for}. A new family is a module here and a name in this tuple.
+FAMILIES = (preimage, rbf, kmeans, eigh)
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # geomkern/, where setup.py puts the extensions
 _BUILD_CPU = ("it is built by setup.py: reinstall from the source tree with "
@@ -254,119 +259,27 @@ class _Missing:
         raise RuntimeError(self._reason)
 
 
-# Converging takes 6-14 sweeps (host emulation: random matrices up to n = 512, repeated and
-# clustered eigenvalues, rank-deficient), so a matrix still short of the tolerance after this many
-# is an error, not a slow case.
-MAX_SWEEPS = 50
-
-
-def eigh_tol(dtype: torch.dtype, n: int) -> float:
-    """Stopping tolerance of the CUDA Jacobi eigh: off(A) <= tol ||A||_F, tol = eps / sqrt(n).
-
-    ||A||_F <= sqrt(n) ||A||_2, so this bounds the off-diagonal remainder by eps ||A||_2: the
-    eigenvalues are then exact to the output's rounding and eigenvector i to eps ||A||_2 / gap_i,
-    what a backward-stable solver gives. The kernel computes in double, so float32 input stops
-    after fewer sweeps than float64 (quadratic convergence: about one sweep less).
-    """
-    return float(torch.finfo(dtype).eps) / max(n, 1) ** 0.5
-
-
-def span_form(B: torch.Tensor) -> bool:
-    """Whether the CPU pre-image iterates in span(z0, B): S <= D (one S x S product per step
-    against two S x D ones; at S = D half the flops)."""
-    return B.shape[0] <= B.shape[1]
-
-
 def kernels(C=None, C_cuda=None) -> dict[str, dict[str, object]]:
-    """op -> {device type: implementation} for the given extension modules (None: not built).
+    """op -> {device type: implementation} for the given extension modules (None: not built), from
+    every family module of :data:`FAMILIES`.
 
     Each implementation has the signature of the op's reference (geomkern/ops/<family>.py)."""
     table: dict[str, dict[str, object]] = {}
-    if C is not None:
-        # Fused pre-image loops (csrc/cpu/preimage.cpp): every step in one call, tiles of points
-        # kept in cache; the math of geomkern.ops.preimage.{gd,fixed_point}_reference.
-        # (precision: no tensor cores here, float32/float64 FMA whatever is asked)
-        # Where S <= D both iterate in span(z0, B) (csrc/cpu/preimage_span.cpp): one S x S
-        # product per step instead of two S x D ones (docs/history.md §8, §15); above, the
-        # direct form, whose two products then cost less.
-        def preimage_gd(Z0, B, T, gamma, steps, lr, precision=None):
-            f = C.preimage_gd_span if span_form(B) else C.preimage_gd
-            return f(Z0, B, T, float(gamma), int(steps), lr)
-
-        def preimage_fixed_point(Z0, B, A, gamma, steps, precision=None):
-            f = C.preimage_fixed_point_span if span_form(B) else C.preimage_fixed_point
-            return f(Z0, B, A, float(gamma), int(steps))
-
-        def kmeans(X, offsets, k, iters, seed, precision=None):
-            # greedy k-means++ and Lloyd per set in C++, threads over sets, each set stopping
-            # on its own (csrc/cpu/kmeans.cpp); its own random stream, so other starting
-            # centres than the reference's for the same seed (equally good: tests/geomkern/test_cpu_native.py)
-            off = offsets.cpu()
-            centres = C.kmeanspp(X, off, int(k), int(seed) & (2 ** 63 - 1))
-            labels, centres, passes, inertia = C.kmeans_lloyd(X, off, centres, int(iters))
-            return labels, centres, inertia, passes
-
-        table["preimage_gd"] = {"cpu": preimage_gd}
-        table["preimage_fixed_point"] = {"cpu": preimage_fixed_point}
-        table["kmeans"] = {"cpu": kmeans}
-        # K(X, Y) V in row-block tiles, K never stored (csrc/cpu/rbf.cpp)
-        # (on the common shift, as every backend's distances: math note 10)
-        table["rbf_matmul"] = {"cpu": lambda X, Y, V, gamma, precision=None:
-                               C.rbf_matmul(*shift_rows(X, Y, by=Y), V, float(gamma))}
-
-        # tiles in one parallel region (csrc/cpu/rbf.cpp), around them what every CPU Gram does
-        table["rbf_gram"] = {"cpu": lambda X, Y, gamma, center, precision=None: gram_on_shift(
-            X, Y, float(gamma), center, lambda Xs, g: C.rbf_gram(Xs, None, g), C.rbf_gram)}
-    if C_cuda is not None:
-        def eigh(A: torch.Tensor, k: int):  # batched Jacobi (csrc/cuda/eigh.cu)
-            w, V, info = C_cuda.eigh(A, eigh_tol(A.dtype, A.shape[-1]), MAX_SWEEPS)
-            failed = info < 0
-            if bool(failed.any()):
-                raise RuntimeError(
-                    f"geomkern CUDA eigh (Jacobi) did not converge in {MAX_SWEEPS} sweeps for "
-                    f"{int(failed.sum())} of {failed.numel()} matrices; use gk.set_backend('reference')")
-            return w[..., :k], sign_fix(V[..., :k])  # the kernel sorts descending
-
-        table.setdefault("eigh", {})["cuda"] = eigh
-
-        def preimage_gd_cuda(Z0, B, T, gamma, steps, lr, precision=None):  # csrc/cuda/preimage.cu
-            S, D = B.shape
-            points = C_cuda.preimage_gd_points(S, D, Z0.dtype == torch.float64, Z0.device.index or 0)
-            if points <= 0:  # said here, before the library's own check (see cuda_ops.cpp)
-                why = ("the CUDA pre-image kernel keeps 8 points' iterate and weights (8 (S + D) "
-                       f"elements) in shared memory, which S = {S}, D = {D} in {Z0.dtype} exceed on "
-                       "this device" if points == 0 else
-                       "geomkern CUDA pre-image: could not query the device's shared memory")
-                raise RuntimeError(why + "; use backend 'triton' or 'reference' for this problem")
-            return C_cuda.preimage_gd(Z0, B, T, float(gamma), int(steps), lr)
-
-        table.setdefault("preimage_gd", {})["cuda"] = preimage_gd_cuda
+    for family in FAMILIES:
+        for op, per_device in family.kernels(C, C_cuda).items():
+            table.setdefault(op, {}).update(per_device)
     return table
 
 
 def auto_devices(C) -> dict[str, tuple[str, ...]]:
-    """device type -> ops on which auto prefers the native kernel (measured wins only).
-
-    The CPU kernels only beat torch (MKL picks AVX2/AVX-512 at run time) on their AVX2+FMA or
-    AVX-512F variant (:func:`cpu_isa`): the baseline x86-64 variant of the pre-image kernel
-    measured 2.3x (float64) to 3.3x (float32) slower on one core than the AVX2/AVX-512 builds,
-    slower than the reference. With AVX-512 (2-core AMD EPYC, b = 5000, S = D = 512, 100 steps)
-    both methods measured 1.3-1.6x faster than the reference. C None (not loaded): the order of a fast build,
-    so that auto's fallback from kernels it would have used is reported (see the module notes)."""
-    fast_cpu = C is None or C.cpu_isa() in ("avx512f", "avx2+fma")
-    # kmeans (greedy k-means++ and Lloyd per set, threads over sets): 200 sets of 50-300 points,
-    # D 512, k 8 measured ~35x the reference and 4-6x scikit-learn's per-set KMeans at one thread
-    # at equal inertia (benchmarks/test_cpu_peers.py); its own random stream, so other starts
-    # than the reference's for a seed. rbf_matmul (tiles, K never stored): 1.33x the torch
-    # reference at 8,192^2 x 512 with memory O((n + m)(D + p)) plus a tile per thread; the
-    # matrix-free kpca it serves detects an all-identical cluster directly (its rows' sums run in
-    # tile order, so K V has no bit-equal rows to rely on). rbf_gram (tiles in one parallel
-    # region): 4,096 x 512 float32 against torch cdist + exp, interleaved, AVX-512: symmetric
-    # 0.72x torch's time at 2 threads (the reference's blocks 0.81x), cross 4,096 x 2,048 0.97x
-    # (1.12x); beside a busy process 0.64x and 0.90x, where the reference's ~130 small parallel
-    # ops fell to 1.43x and 1.35x (one barrier each on a loaded machine).
-    cpu = ("kmeans",) + (("preimage_gd", "preimage_fixed_point", "rbf_matmul", "rbf_gram") if fast_cpu else ())
-    return {"cpu": cpu}
+    """device type -> ops on which auto prefers the native kernel (measured wins only: each family
+    module's ``auto`` gives its measurements). The CPU kernels of the pre-image and RBF families
+    only on geomkern._C's AVX2+FMA or AVX-512F variant (_common.fast_cpu); no CUDA kernel."""
+    out: dict[str, tuple[str, ...]] = {}
+    for family in FAMILIES:
+        for dev, ops in family.auto(C).items():
+            out[dev] = out.get(dev, ()) + tuple(ops)
+    return out
 
 
 def register(C, C_cuda) -> None:
