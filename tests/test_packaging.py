@@ -133,7 +133,7 @@ def test_sdist_holds_every_native_source(tmp_path):
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
     native = {str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*")
-              if p.is_file() and p.suffix in (".h", ".cpp", ".cu")}
+              if p.is_file() and p.suffix in (".h", ".cpp", ".cu", ".def")}
     assert native and native <= members, f"missing from the sdist: {sorted(native - members)}"
 
 
