@@ -112,16 +112,22 @@ class _CpuLibrary(_Library):
         self._ops.select_cpu_isa(isa)
 
 
+def _library_file(name: str):
+    """The compiled file of geomkern.<name>: <name>.abi3.so where the build made one, else the first
+    found; None where there is none."""
+    files = _compiled_files(name)
+    return next((p for p in files if p.name == f"{name}.abi3.so"), files[0]) if files else None
+
+
 def _load_cpu(build: str) -> _Extension:
     """geomkern._C: a plain shared library on torch's stable ABI (no Python module), loaded with
     torch.ops.load_library; its operators land in torch.ops.geomkern_native. The same file serves
     every Python >= 3.10 and every torch >= 2.10 (setup.py)."""
     kernels = "the native CPU kernels"
-    files = _compiled_files("_C")
-    if not files:
+    lib = _library_file("_C")
+    if lib is None:
         return _Extension(None, f"{kernels} are unavailable: geomkern._C is not built (no compiled file "
                                 f"in {_PACKAGE}); {build}", False)
-    lib = next((p for p in files if p.name == "_C.abi3.so"), files[0])
     try:
         torch.ops.load_library(str(lib))
         ops = torch.ops.geomkern_native
@@ -164,11 +170,10 @@ def _load_cuda(build: str) -> _Extension:
     was built with (its cuda_version operator says which); beside a CPU-only torch it is not
     loaded at all (it needs libtorch_cuda)."""
     kernels = "the native CUDA kernels"
-    files = _compiled_files("_C_cuda")
-    if not files:
+    lib = _library_file("_C_cuda")
+    if lib is None:
         return _Extension(None, f"geomkern was not compiled with CUDA: geomkern._C_cuda is not built (no "
                                 f"compiled file in {_PACKAGE}); {build}", False)
-    lib = next((p for p in files if p.name == "_C_cuda.abi3.so"), files[0])
     if torch.version.cuda is None:  # the one wheel beside a CPU-only torch: supported, not broken
         return _Extension(None, f"{kernels} are unavailable: torch {torch.__version__} is a CPU-only build "
                                 f"(torch.version.cuda is None), and geomkern._C_cuda ({lib.name}) runs on a "
