@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from fedsim._io import atomic_write  # noqa: E402
 from fedsim.algorithms.scaffold import Scaffold  # noqa: E402
 from fedsim.client import DivergedError  # noqa: E402
-from fedsim.runner import MethodSpec, RunConfig, run  # noqa: E402
+from fedsim.runner import MethodSpec, RunConfig, run, validate  # noqa: E402
 
 
 VARIANTS = {"before": "momentum", "after": "step"}  # SCAFFOLD's correction hyper-parameter
@@ -39,8 +39,8 @@ VARIANTS = {"before": "momentum", "after": "step"}  # SCAFFOLD's correction hype
 def one_run(args, augmenter: str, variant: str, work: Path) -> dict:
     spec = MethodSpec(f"{variant}-{augmenter}", algorithm="scaffold", augmenter=augmenter,
                       algorithm_params={"correction": VARIANTS[variant]})
-    cfg = RunConfig(rounds=args.rounds, lr=args.lr, model=args.model, seed=args.seed, methods=[spec],
-                    momentum=args.momentum).validate()
+    cfg = validate(RunConfig(rounds=args.rounds, lr=args.lr, model=args.model, seed=args.seed, methods=[spec],
+                             momentum=args.momentum))
     t0 = time.perf_counter()
     try:
         res = run(cfg, work / spec.name, progress=False)
