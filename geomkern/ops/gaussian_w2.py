@@ -83,13 +83,19 @@ def sqrtm_psd(A: torch.Tensor) -> torch.Tensor:
     symmetric PSD R with R @ R = A. Negative eigenvalues from round-off (down to -tol * lambda_max,
     tol 1e-12 in float64, 1e-6 in float32) are clamped to 0; clearly negative ones are an error.
     """
-    A = _check_square("A", A)
+    A = _check_psd("A", A)
+    return _dispatch.implementation("sqrtm_psd", A.device.type)(A)
+
+
+def _check_psd(name: str, A) -> torch.Tensor:
+    """A (..., n, n) symmetric PSD up to round-off (see sqrtm_psd), the error naming ``name``."""
+    A = _check_square(name, A)
     lam_min = torch.linalg.eigvalsh(A.detach())
     low, top = lam_min[..., 0], lam_min[..., -1].abs().clamp_min(torch.finfo(A.dtype).tiny)
     worst = float((low / top).min())
     if worst < -1e3 * _RANK_TOL[A.dtype]:
-        raise ValueError(f"A is not positive semi-definite (smallest eigenvalue / largest = {worst:.3g})")
-    return _dispatch.implementation("sqrtm_psd", A.device.type)(A)
+        raise ValueError(f"{name} is not positive semi-definite (smallest eigenvalue / largest = {worst:.3g})")
+    return A
 
 
 def bures(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
@@ -100,11 +106,14 @@ def bures(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
     respect to S1 also needs S1 of full rank (the square root's derivative is infinite at a zero
     eigenvalue; see _SqrtmPSD for the floor used there). Put the matrix you differentiate second.
     """
-    R = sqrtm_psd(S1)
-    S2 = _check_square("S2", S2)
-    if S2.shape[-1] != R.shape[-1]:
+    # checked under their own names (sqrtm_psd's errors say "A"); S1^1/2 S2 S1^1/2 is then PSD
+    S1, S2 = _check_psd("S1", S1), _check_psd("S2", S2)
+    _validate.same_device_dtype(S1=S1, S2=S2)
+    if S2.shape[-1] != S1.shape[-1]:
         raise ValueError(f"S1 and S2 differ in size: {tuple(S1.shape)} vs {tuple(S2.shape)}")
-    cross = sqrtm_psd(R @ S2 @ R)
+    sqrtm = _dispatch.implementation("sqrtm_psd", S1.device.type)
+    R = sqrtm(S1)
+    cross = sqrtm(R @ S2 @ R)
     tr = lambda M: M.diagonal(dim1=-2, dim2=-1).sum(-1)  # noqa: E731
     return (tr(S1) + tr(S2) - 2 * tr(cross)).clamp_min(0)
 
@@ -116,6 +125,8 @@ def gaussian_w2(m1: torch.Tensor, S1: torch.Tensor, m2: torch.Tensor, S2: torch.
     Returns (...) = |m1 - m2|^2 + bures(S1, S2).
     """
     m1, m2 = _check("m1", m1, ndim_min=1), _check("m2", m2, ndim_min=1)
+    S1, S2 = _check_psd("S1", S1), _check_psd("S2", S2)
+    _validate.same_device_dtype(m1=m1, S1=S1, m2=m2, S2=S2)
     if m1.shape[-1] != m2.shape[-1] or S1.shape[-1] != m1.shape[-1]:
         raise ValueError(f"means and covariances disagree in dimension: m1 {tuple(m1.shape)}, "
                          f"S1 {tuple(S1.shape)}, m2 {tuple(m2.shape)}, S2 {tuple(S2.shape)}")
@@ -135,7 +146,8 @@ def gaussian_barycenter(weights: torch.Tensor, means: torch.Tensor, covs: torch.
     stopped when the relative change falls below ``tol``.
     """
     weights = _check("weights", weights, ndim_min=1)
-    means, covs = _check("means", means, ndim_min=2), _check_square("covs", covs)
+    means, covs = _check("means", means, ndim_min=2), _check_psd("covs", covs)
+    _validate.same_device_dtype(weights=weights, means=means, covs=covs)
     if bool((weights < 0).any()):
         raise ValueError("weights must be >= 0")
     if means.shape[:-1] != weights.shape or covs.shape[:-1] != means.shape:

@@ -145,23 +145,23 @@ _dispatch.register("preimage_fixed_point", "reference")(fixed_point_reference)
 _dispatch.register("preimage_coordinates", "reference")(coordinates_reference)
 
 
-def _problem_meta(Z0, B, targets, proj, *, coordinates: bool):
+def _problem_meta(Z0, B, targets, proj, *, coordinates: bool, z_name: str = "Z0"):
     """The checks of a pre-image problem that read no values (shared by :func:`preimage`'s
-    operator, its fake and :func:`preimage_loss`)."""
-    Z0 = _validate.tensor_meta("Z0", Z0, ndim=2)
+    operator, its fake and :func:`preimage_loss`, whose points are called ``z_name``)."""
+    Z0 = _validate.tensor_meta(z_name, Z0, ndim=2)
     B = _validate.tensor_meta("B", B, ndim=2)
     targets = _validate.tensor_meta("targets", targets, ndim=2)
-    _validate.same_device_dtype(Z0=Z0, B=B, targets=targets)
-    _validate.same_dim("Z0", Z0, "B", B)
+    _validate.same_device_dtype(**{z_name: Z0}, B=B, targets=targets)
+    _validate.same_dim(z_name, Z0, "B", B)
     b, S = Z0.shape[0], B.shape[0]
     if targets.shape[0] != b:
-        raise ValueError(f"targets must have one row per row of Z0 ({b}), got shape {tuple(targets.shape)}")
+        raise ValueError(f"targets must have one row per row of {z_name} ({b}), got shape {tuple(targets.shape)}")
     if coordinates:
         if proj is None:
             raise ValueError("method='coordinates' needs proj: the (d, S) or (b, d, S) map from "
                              "kernel values k(z, B) to the d coordinates being matched")
         proj = _validate.tensor_meta("proj", proj, ndim=(2, 3))
-        _validate.same_device_dtype(Z0=Z0, proj=proj)
+        _validate.same_device_dtype(**{z_name: Z0}, proj=proj)
         d = targets.shape[1]
         if proj.shape[-2:] != (d, S) or (proj.dim() == 3 and proj.shape[0] != b):
             raise ValueError(f"proj must have shape ({d}, {S}) or ({b}, {d}, {S}) to match "
@@ -172,9 +172,9 @@ def _problem_meta(Z0, B, targets, proj, *, coordinates: bool):
     return Z0, B, targets, proj
 
 
-def _problem_values(Z0, B, targets, proj):
+def _problem_values(Z0, B, targets, proj, *, z_name: str = "Z0"):
     """The value half of a pre-image problem's checks: finite, in range, contiguous."""
-    return (_validate.finite("Z0", Z0), _validate.finite("B", B), _validate.finite("targets", targets),
+    return (_validate.finite(z_name, Z0), _validate.finite("B", B), _validate.finite("targets", targets),
             None if proj is None else _validate.finite("proj", proj))
 
 
@@ -190,8 +190,8 @@ def _loss(Z, B, targets, gamma: float, proj=None) -> torch.Tensor:
 def preimage_loss(Z, B, targets, *, gamma, proj=None) -> torch.Tensor:
     """Per-point objective (b,): sum_s (k(z, b_s) - T_s)^2, or |A k(z, B) - c|^2 when ``proj``
     (the ``coordinates`` map, (d, S) or (b, d, S)) is given. Shapes as in :func:`preimage`."""
-    Z, B, targets, proj = _problem_meta(Z, B, targets, proj, coordinates=proj is not None)
-    Z, B, targets, proj = _problem_values(Z, B, targets, proj)
+    Z, B, targets, proj = _problem_meta(Z, B, targets, proj, coordinates=proj is not None, z_name="Z")
+    Z, B, targets, proj = _problem_values(Z, B, targets, proj, z_name="Z")
     return _loss(Z, B, targets, _validate.gamma(gamma), proj)
 
 
