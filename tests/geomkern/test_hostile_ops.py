@@ -14,6 +14,12 @@ two ways, by the public function and, where the values fit the operator's schema
   (K-Means: labels in range, finite centers and inertia);
 * a ValueError or TypeError whose message names an argument that was changed.
 
+The public functions that are not operators (FUNCTIONS: kpca, eigh, class_moments,
+project_onto_basis, sqrtm_psd, median_gamma, gaussian_w2, bures, gaussian_barycenter, pool_moments,
+preimage_loss) run the same way, each against a float64 reference written here (W2 and Bures by
+eigendecomposition, the barycentre by its fixed-point residual, pooled moments by Eq. 4 and, for the
+good call, by the moments of the pooled raw data).
+
 Anything else fails: another exception, a wrong or non-finite result, an operator that answers
 otherwise than the function. The reference backend runs in this process; the native backend
 (compiled code, where a bad input could crash the process instead of raising) runs the same cases
@@ -63,8 +69,8 @@ def _matrices(t: torch.Tensor, *, empty_ok: bool = False, none_ok: bool = False)
            (bad, "list", t.tolist()), (bad, "numpy", t.numpy()),
            (ok if empty_ok else bad, "empty", t[:0]), (ok if none_ok else bad, "none", None),
            (ok, "float16", t.half()), (ok, "bfloat16", t.bfloat16()), (ok, "float32", t.float()),
-           (ok, "non-contiguous", t.T.contiguous().T), (ok, "one-row", t[:1]), (ok, "tiny", t * 1e-30),
-           (ok, "other-D", t[:, :-1] if t.shape[1] > 1 else torch.cat([t, t], 1))]
+           (ok, "non-contiguous", t.mT.contiguous().mT if t.dim() > 1 else t.repeat(2)[::2]), (ok, "one-row", t[:1]), (ok, "tiny", t * 1e-30),
+           (ok, "other-D", t[..., :-1] if t.shape[-1] > 1 else torch.cat([t, t], -1))]
     for label, v in (("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), ("overflow", big)):
         t2 = t.clone()
         t2.view(-1)[t2.numel() // 2] = v
@@ -140,6 +146,31 @@ FUNCTIONS = {
     "median_gamma": (dict(X=X, max_points=2048, seed=0),
                      lambda kw: gk.median_gamma(kw["X"], max_points=kw["max_points"], seed=kw["seed"])),
 }
+# The Gaussian ops: a batch of 3 Gaussians in 4-D (batched and broadcasting, differentiable).
+_G = torch.Generator().manual_seed(45)
+_C = torch.randn(3, 4, 4, generator=_G, dtype=torch.float64)
+COVS = _C @ _C.mT + 0.1 * torch.eye(4, dtype=torch.float64)
+MEANS = torch.randn(3, 4, generator=_G, dtype=torch.float64)
+# pool_moments: 2 clients x 3 classes of raw 3-D data, their class moments, and the pooled data
+_RAW = [(torch.randn(9, 3, generator=_G, dtype=torch.float64) * (k + 1) + k, torch.tensor([0, 1, 2] * 3))
+        for k in range(2)]
+_RAW[1] = (_RAW[1][0][:7], _RAW[1][1][:7])  # unequal counts: 3, 3, 3 and 3, 2, 2
+_M = [gk.class_moments(x, y, 3) for x, y in _RAW]
+POOL_GOOD = dict(counts=torch.stack([m[0] for m in _M]), means=torch.stack([m[1] for m in _M]),
+                 covs=torch.stack([m[2] for m in _M]))
+POOLED_RAW = gk.class_moments(torch.cat([x for x, _ in _RAW]), torch.cat([y for _, y in _RAW]), 3)
+FUNCTIONS.update({
+    "gaussian_w2": (dict(m1=MEANS, S1=COVS, m2=MEANS.flip(0), S2=COVS.flip(0)),
+                    lambda kw: gk.gaussian_w2(kw["m1"], kw["S1"], kw["m2"], kw["S2"])),
+    "bures": (dict(S1=COVS, S2=COVS.flip(0)), lambda kw: gk.bures(kw["S1"], kw["S2"])),
+    "gaussian_barycenter": (dict(weights=torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64), means=MEANS, covs=COVS),
+                            lambda kw: gk.gaussian_barycenter(kw["weights"], kw["means"], kw["covs"])),
+    "pool_moments": (dict(POOL_GOOD), lambda kw: gk.pool_moments(kw["counts"], kw["means"], kw["covs"])),
+    "preimage_loss": (dict(Z=SPECS["preimage"].good["Z0"], B=B, targets=SPECS["preimage"].good["targets"], gamma=0.5,
+                           proj=None),
+                      lambda kw: gk.preimage_loss(kw["Z"], kw["B"], kw["targets"], gamma=kw["gamma"], proj=kw["proj"])),
+})
+_BATCHED = ("rank-1", "rank-3", "requires-grad", "one-row")  # a batch that broadcasts, a gradient: valid here
 
 
 def _function_kinds(name: str, good: dict) -> dict:
@@ -161,6 +192,36 @@ def _function_kinds(name: str, good: dict) -> dict:
         y = Y_LABELS
         kinds["n_classes"] = _counts(zero_ok=False)
         kinds["y"] = _tagged([y.double(), y.bool(), y + 3, y - 1, y[:-1], y.tolist(), None], [y.int(), y.to(torch.uint8)])
+    if name in ("gaussian_w2", "bures"):
+        for k in kinds:
+            kinds[k] = [ok(*r[:2]) if r[0] in _BATCHED else r for r in kinds[k]]
+        for k in ("S1", "S2"):
+            kinds[k] += [bad("asymmetric", COVS + torch.triu(torch.ones_like(COVS), 1)), bad("indefinite", -COVS),
+                         ok("other-size", COVS[..., :3, :3]), ok("rank-deficient", MEANS[:, :, None] * MEANS[:, None])]
+    if name == "gaussian_w2":
+        for k in ("m1", "m2"):
+            kinds[k] = [r for r in kinds[k] if r[0] != "rank-1"] + [bad("scalar", MEANS[0, 0]), ok("one", MEANS[0])]
+    if name == "gaussian_barycenter":  # K = 3 along dim 0; a batch behind it
+        w = good["weights"]
+        kinds = {k: [ok(*r[:2]) if r[0] == "requires-grad" else r for r in v] for k, v in kinds.items()
+                 if k != "weights"}
+        kinds["covs"] += [bad("asymmetric", COVS + torch.triu(torch.ones_like(COVS), 1)), bad("indefinite", -COVS),
+                          ok("rank-deficient", MEANS[:, :, None] * MEANS[:, None] + COVS * 1e-3)]
+        kinds["weights"] = _tagged([w.tolist(), -w, w - 0.25, w[:2], w.long(), w.bool(), w.to(torch.complex64),
+                                    torch.tensor([0.2, math.nan, 0.3], dtype=torch.float64), w[None], None],
+                                   [w * 7, w / 100, w.float(), torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64),
+                                    torch.zeros(3, dtype=torch.float64)])
+    if name == "pool_moments":
+        c = good["counts"]
+        # the value checks first: the draws favour the ends of a list
+        kinds["covs"] = [bad("asymmetric", good["covs"] + torch.triu(torch.ones_like(good["covs"]), 1)),
+                         bad("indefinite", -good["covs"])] + [r for r in kinds["covs"] if r[0] != "other-D"] + [
+            bad("other-D", good["covs"][..., :2, :2])]
+        kinds["counts"] = _tagged([c.tolist(), -c, c[:1], c[0], c.double().fill_(math.nan), c * 2 ** 40, None],
+                                  [c * 0, c.double() / 2, c.int(), torch.tensor([[3, 0, 3], [0, 2, 2]])])
+    if name == "preimage_loss":
+        kinds.update(gamma=GAMMAS, proj=_tagged([torch.eye(4, dtype=torch.float64), B, "proj"],
+                                                [None, torch.eye(5, dtype=torch.float64)]))
     if name == "median_gamma":
         kinds["X"] = [r for r in kinds["X"] if r[0] != "one-row"] + [bad("one-row", X[:1]), bad("equal-rows", X[:1].repeat(4, 1))]
         # max_points bounds a subset: any size from 2 up is a size (2^64 too: no subset)
@@ -201,6 +262,16 @@ def _close(out: torch.Tensor, ref: torch.Tensor, scale: float, what: str):
     assert torch.isfinite(out).all(), f"{what}: non-finite result"
     err = float((out.double() - ref).norm())
     assert err <= _tol(out.dtype) * max(scale, 1e-300) * 4, f"{what}: error {err:.3g} against scale {scale:.3g}"
+
+
+def _tr(M: torch.Tensor) -> torch.Tensor:
+    return M.diagonal(dim1=-2, dim2=-1).sum(-1)
+
+
+def _sqrtm64(A: torch.Tensor) -> torch.Tensor:
+    """The symmetric PSD square root in float64 by eigendecomposition (negative round-off to 0)."""
+    lam, U = torch.linalg.eigh(0.5 * (A + A.mT).double())
+    return (U * lam.clamp_min(0).sqrt().unsqueeze(-2)) @ U.mT
 
 
 def _check_result(name: str, kw: dict, out):
@@ -280,6 +351,53 @@ def _check_result(name: str, kw: dict, out):
         if Xd.shape[0] <= int(kw["max_points"]):
             want = 1.0 / float(torch.quantile(torch.pdist(Xd).square(), 0.5))
             assert math.isclose(out, want, rel_tol=1e-9), f"median_gamma {out} != {want}"
+    elif name in ("gaussian_w2", "bures"):
+        S1, S2 = kw["S1"].detach().double(), kw["S2"].detach().double()
+        ref = _tr(S1) + _tr(S2) - 2 * _tr(_sqrtm64(_sqrtm64(S1) @ S2 @ _sqrtm64(S1)))
+        scale = float((_tr(S1) + _tr(S2)).abs().max())
+        if name == "gaussian_w2":
+            dm = kw["m1"].detach().double() - kw["m2"].detach().double()
+            ref = ref + dm.square().sum(-1)
+            scale += float(dm.square().sum(-1).max())
+        assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)}, want {tuple(ref.shape)}"
+        _close(out.detach(), ref, scale * max(1, ref.numel()) ** 0.5 * 10, name)
+    elif name == "gaussian_barycenter":
+        mean, S = out
+        w = kw["weights"].double()
+        means, covs = kw["means"].detach().double(), kw["covs"].detach().double()
+        if float(w.sum()) == 0:
+            assert not S.any() and not mean.any(), "gaussian_barycenter: all-zero weights must give zeros"
+            return
+        w = w / w.sum()
+        _close(mean, (w[:, None] * means).sum(0), float(means.norm()), "gaussian_barycenter mean")
+        # the barycentre is the fixed point S = sum_k w_k (S^1/2 C_k S^1/2)^1/2
+        R = _sqrtm64(S.double())
+        _close(S, (w[:, None, None] * _sqrtm64(R @ covs @ R)).sum(0), float(covs.norm()) * 10,
+               "gaussian_barycenter fixed-point residual")
+    elif name == "pool_moments":
+        n, mu, cov = (t.double() for t in out)
+        c, m, S = kw["counts"].double(), kw["means"].double(), kw["covs"].double()
+        N = c.sum(0)
+        ref_mu = torch.zeros_like(mu)
+        ref_cov = torch.zeros_like(cov)
+        for j in range(c.shape[1]):
+            if N[j] > 0:
+                ref_mu[j] = sum(c[k, j] * m[k, j] for k in range(c.shape[0])) / N[j]
+                ref_cov[j] = sum(c[k, j] * (S[k, j] + torch.outer(m[k, j] - ref_mu[j], m[k, j] - ref_mu[j]))
+                                 for k in range(c.shape[0])) / N[j]
+        assert torch.equal(n, N), f"pool_moments counts {n} != {N}"
+        _close(out[1], ref_mu, float(m.norm()) + 1e-300, "pool_moments means")
+        _close(out[2], ref_cov, float(S.norm() + m.norm() ** 2) + 1e-300, "pool_moments covariances")
+        if all(kw[k] is POOL_GOOD[k] for k in POOL_GOOD):  # the moments of the pooled raw data
+            assert torch.equal(out[0], POOLED_RAW[0])
+            _close(out[1], POOLED_RAW[1], float(POOLED_RAW[1].norm()), "pool_moments vs the raw data's means")
+            _close(out[2], POOLED_RAW[2], float(POOLED_RAW[2].norm()), "pool_moments vs the raw data's covariances")
+    elif name == "preimage_loss":
+        k = _gram64(kw["Z"], kw["B"], gamma)
+        r = k - kw["targets"].double() if kw["proj"] is None else k @ kw["proj"].double().T - kw["targets"].double()
+        ref = r.square().sum(1)
+        assert out.shape == ref.shape and out.dtype == kw["Z"].dtype
+        _close(out, ref, float(ref.norm()) + float(k.norm()) ** 2 + 1.0, "preimage_loss")
     elif name == "preimage":
         assert out.shape == kw["Z0"].shape and out.dtype == kw["Z0"].dtype
         args = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kw.items()}
