@@ -69,7 +69,8 @@ def _matrices(t: torch.Tensor, *, empty_ok: bool = False, none_ok: bool = False)
            (bad, "list", t.tolist()), (bad, "numpy", t.numpy()),
            (ok if empty_ok else bad, "empty", t[:0]), (ok if none_ok else bad, "none", None),
            (ok, "float16", t.half()), (ok, "bfloat16", t.bfloat16()), (ok, "float32", t.float()),
-           (ok, "non-contiguous", t.mT.contiguous().mT if t.dim() > 1 else t.repeat(2)[::2]), (ok, "one-row", t[:1]), (ok, "tiny", t * 1e-30),
+           (ok, "non-contiguous", t.mT.contiguous().mT if t.dim() > 1 else t.repeat(2)[::2]),
+           (ok, "one-row", t[:1]), (ok, "tiny", t * 1e-30),
            (ok, "other-D", t[..., :-1] if t.shape[-1] > 1 else torch.cat([t, t], -1))]
     for label, v in (("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), ("overflow", big)):
         t2 = t.clone()
