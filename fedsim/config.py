@@ -70,7 +70,15 @@ def fail(where: str, what: str, v) -> None:
 
 
 # ------------------------------------------------------------------------------ value kinds
-class Int:
+class _Kind:
+    """What every kind shares: a value that passes ``ok`` is kept as it is, unless the kind says
+    otherwise (``norm``)."""
+
+    def norm(self, v):
+        return v
+
+
+class Int(_Kind):
     def __init__(self, minimum: int | None = None, maximum: int | None = None):
         self.minimum, self.maximum = minimum, maximum
 
@@ -87,7 +95,7 @@ class Int:
         return int(v)
 
 
-class Real:
+class Real(_Kind):
     """A real number in a range; finite unless ``inf_ok`` (then +inf is allowed too)."""
 
     def __init__(self, lo=None, hi=None, *, lo_open=False, hi_open=False, inf_ok=False, note=""):
@@ -121,18 +129,15 @@ class Real:
         return v if isinstance(v, (int, float)) else float(v)
 
 
-class Bool:
+class Bool(_Kind):
     def describe(self) -> str:
         return "true or false"
 
     def ok(self, v) -> bool:
         return isinstance(v, bool)
 
-    def norm(self, v):
-        return v
 
-
-class Choice:
+class Choice(_Kind):
     def __init__(self, *values):
         self.values = values
 
@@ -142,22 +147,16 @@ class Choice:
     def ok(self, v) -> bool:
         return isinstance(v, str) and v in self.values
 
-    def norm(self, v):
-        return v
 
-
-class Str:
+class Str(_Kind):
     def describe(self) -> str:
         return "a non-empty string"
 
     def ok(self, v) -> bool:
         return isinstance(v, str) and v.strip() != ""
 
-    def norm(self, v):
-        return v
 
-
-class Either:
+class Either(_Kind):
     def __init__(self, *kinds):
         self.kinds = kinds
 
@@ -171,7 +170,7 @@ class Either:
         return next(k for k in self.kinds if k.ok(v)).norm(v)
 
 
-class ListOf:
+class ListOf(_Kind):
     """A list (possibly empty) of values of one kind."""
 
     def __init__(self, kind):
@@ -187,7 +186,7 @@ class ListOf:
         return [self.kind.norm(x) for x in v]
 
 
-class Nothing:
+class Nothing(_Kind):
     """None (a Python caller's "not set"; TOML has no null, so a file leaves the key out)."""
 
     def describe(self) -> str:
@@ -195,9 +194,6 @@ class Nothing:
 
     def ok(self, v) -> bool:
         return v is None
-
-    def norm(self, v):
-        return v
 
 
 def check(where: str, kind, v):
@@ -351,7 +347,7 @@ FLAGS = {"dataset": "--dataset", "partition": "--partition", "beta": "--beta", "
          "tune_epochs": "--tune-epochs"}
 
 
-def where(field_name: str) -> str:
+def field_label(field_name: str) -> str:
     """A RunConfig field as an error names it: with its flag, e.g. 'beta (--beta)'."""
     return f"{field_name} ({FLAGS[field_name]})" if field_name in FLAGS else field_name
 
@@ -388,17 +384,17 @@ def run_fields(choices: dict) -> dict:
     }
 
 
-def check_device(where_: str, v) -> str:
+def check_device(where: str, v) -> str:
     if not isinstance(v, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", v):
-        fail(where_, "'cpu', 'cuda' or 'cuda:N'", v)
+        fail(where, "'cpu', 'cuda' or 'cuda:N'", v)
     if v.startswith("cuda"):
         import torch  # here only: `fedsim presets` and `fedsim --help` read this module without torch
 
         if not torch.cuda.is_available():
-            raise ConfigError(f"config: {where_} is {v!r} but CUDA is not available here; use 'cpu'")
+            raise ConfigError(f"config: {where} is {v!r} but CUDA is not available here; use 'cpu'")
         index = int(v.split(":")[1]) if ":" in v else 0
         if index >= torch.cuda.device_count():
-            raise ConfigError(f"config: {where_} is {v!r} but this machine has {torch.cuda.device_count()} "
+            raise ConfigError(f"config: {where} is {v!r} but this machine has {torch.cuda.device_count()} "
                               f"CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     return v
 
@@ -414,11 +410,11 @@ def check_fields(cfg: RunConfig, choices: dict) -> None:
         if kind is None and f.default is not dataclasses.MISSING:
             kind = _kind_of_default(f.default)
         if kind is not None:
-            setattr(cfg, f.name, check(where(f.name), kind, getattr(cfg, f.name)))
+            setattr(cfg, f.name, check(field_label(f.name), kind, getattr(cfg, f.name)))
     if cfg.seed + cfg.seeds - 1 > MAX_SEED:
         raise ConfigError(f"config: seed (--seed) + seeds (--seeds) - 1 must be <= {MAX_SEED}, "
                           f"got {cfg.seed} + {cfg.seeds} - 1")
-    check_device(where("device"), cfg.device)
+    check_device(field_label("device"), cfg.device)
 
 
 # ------------------------------------------------------------------------------ files
@@ -522,24 +518,24 @@ def parse_set(items: list[str] | None, lookup: Lookup) -> dict[str, dict]:
     return out
 
 
-def check_params_table(params, where_: str, lookup: Lookup) -> dict[str, dict]:
+def check_params_table(params, where: str, lookup: Lookup) -> dict[str, dict]:
     """A ``[params.PLUGIN]`` table of a preset or config file: known plug-ins and keys only."""
     if not isinstance(params, dict):
-        raise ValueError(f"{where_}: params must be a table of [params.PLUGIN] tables, got {params!r}")
+        raise ValueError(f"{where}: params must be a table of [params.PLUGIN] tables, got {params!r}")
     for plugin, table in params.items():
         try:
             kind, cls = lookup(plugin)
         except ValueError as exc:
-            raise ValueError(f"{where_}: [params.{plugin}]: {exc}") from None
+            raise ValueError(f"{where}: [params.{plugin}]: {exc}") from None
         defaults = cls.defaults
         if not isinstance(table, dict):
-            raise ValueError(f"{where_}: params.{plugin} must be a table of {kind} parameters, got {table!r}")
+            raise ValueError(f"{where}: params.{plugin} must be a table of {kind} parameters, got {table!r}")
         unknown = sorted(set(table) - set(defaults))
         if unknown:
-            raise ValueError(f"{where_}: [params.{plugin}] has unknown key(s) {unknown}; {kind} {plugin!r} takes "
+            raise ValueError(f"{where}: [params.{plugin}] has unknown key(s) {unknown}; {kind} {plugin!r} takes "
                              f"{', '.join(sorted(defaults)) or 'none'}")
         # each value against its kind here, as --set does: a table no method uses is never checked later
-        check_params(f"{where_} [params.{plugin}]", table, defaults, cls.params, f"{kind} {plugin!r}")
+        check_params(f"{where} [params.{plugin}]", table, defaults, cls.params, f"{kind} {plugin!r}")
     return params
 
 

@@ -156,7 +156,7 @@ def apply_resume_changes(cfg: RunConfig, changes: dict, out) -> list[str]:
         if value == old and type(value) is type(old):
             continue
         if key in RESUMABLE:
-            value = check(config.where(key), Int(1), value)
+            value = check(config.field_label(key), Int(1), value)
             if value < old:
                 raise ConfigError(f"--resume {out}: {flag} {value} is fewer than the {old} rounds the run "
                                   "was started with; a resumed run can only grow")
