@@ -16,7 +16,7 @@ from dataclasses import asdict
 from . import config
 from .algorithms import ALGORITHMS, build_algorithm
 from .augmenters import AUGMENTERS, build_augmenter
-from .config import CENTRALISED, Choice, ConfigError, Int, MethodSpec, RunConfig, Str, check, check_params, fail, slug
+from .config import CENTRALISED, Choice, ConfigError, MethodSpec, RunConfig, Str, check, check_params, fail, slug
 from .data.partition import SCHEMES
 from .models import MODELS, apply_run_defaults, has_trunk, model_defaults
 
@@ -77,10 +77,15 @@ def _check_methods(methods) -> None:
                               "give one of them")
 
 
+def _choices() -> dict:
+    """The kinds of the RunConfig fields a registry names (config.run_fields' ``choices``)."""
+    return {"partition": Choice(*SCHEMES), "model": Choice(*sorted(MODELS))}
+
+
 def check_config(cfg: RunConfig) -> None:
     """Type, range and finiteness of every value of ``cfg``, in place (numpy integers become ints);
     raises :class:`ConfigError` naming the first bad one."""
-    config.check_fields(cfg, {"partition": Choice(*SCHEMES), "model": Choice(*sorted(MODELS))})
+    config.check_fields(cfg, _choices())
     params = config.check_table("model_params", cfg.model_params)
     check_params("model_params", params, model_defaults(cfg.model), MODELS[cfg.model].params,
                  f"model {cfg.model!r}")
@@ -156,7 +161,8 @@ def apply_resume_changes(cfg: RunConfig, changes: dict, out) -> list[str]:
         if value == old and type(value) is type(old):
             continue
         if key in RESUMABLE:
-            value = check(config.field_label(key), Int(1), value)
+            # the field's own kind, as a new run checks it (rounds' upper bound included)
+            value = check(config.field_label(key), config.run_fields(_choices())[key], value)
             if value < old:
                 raise ConfigError(f"--resume {out}: {flag} {value} is fewer than the {old} rounds the run "
                                   "was started with; a resumed run can only grow")

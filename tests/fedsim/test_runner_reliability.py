@@ -648,3 +648,15 @@ def test_a_dataset_of_one_class_is_refused_before_anything_is_written(tmp_path):
                                          r"classes.*trivial 100 %"):
         runner.run(_cfg(path), tmp_path / "o", progress=False)
     assert not (tmp_path / "o").exists()
+
+
+def test_resume_checks_more_rounds_with_the_rounds_kind_a_new_run_uses(tmp_path):
+    # --resume --rounds N was checked as any integer >= 1, so it passed the upper bound a new run refuses
+    from fedsim.config import MAX_ROUNDS
+    from fedsim.plugins import apply_resume_changes
+
+    cfg = RunConfig(rounds=3, methods=[MethodSpec("FedAvg")])
+    with pytest.raises(ConfigError, match=rf"rounds \(--rounds\) must be an integer in \[1, {MAX_ROUNDS}\]"):
+        apply_resume_changes(cfg, {"rounds": MAX_ROUNDS + 1}, tmp_path)
+    assert cfg.rounds == 3
+    assert apply_resume_changes(cfg, {"rounds": MAX_ROUNDS}, tmp_path) == [f"rounds 3 -> {MAX_ROUNDS}"]
