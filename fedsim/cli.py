@@ -132,7 +132,10 @@ def run_config(args, given: dict):
         apply_params(cfg.methods, params, plugin_class, override=False)
     apply_params(cfg.methods, parse_set(args.set, plugin_class), plugin_class, override=True, source="--set")
     if args.epsilon_total is not None:
-        dp = [m for m in cfg.methods if m.augmenter in ("fedmc", "fedmc-fixed")]
+        from .augmenters import AUGMENTERS
+
+        # the methods whose augmenter takes a DP budget (FedMC's two protocols), asked of the registry
+        dp = [m for m in cfg.methods if "epsilon_total" in getattr(AUGMENTERS.get(m.augmenter), "defaults", {})]
         if not dp:
             raise ValueError(f"--epsilon-total {args.epsilon_total}: it budgets FedMC's DP releases, but no "
                              "method uses a FedMC augmenter (--augmenters fedmc or fedmc-fixed)")
