@@ -10,8 +10,11 @@ run: setup
 demo: setup
 	.venv/bin/fedsim demo
 
+# the suite on every core (pytest-xdist; tests that share an expensive fixture on one worker).
+# -p no:benchmark: no test here times anything (the suites in benchmarks/ run in child processes),
+# and pytest-benchmark warns that xdist turns its timing off
 test: setup
-	.venv/bin/python -m pytest -q --durations=25
+	.venv/bin/python -m pytest -q -n auto --dist loadgroup -p no:benchmark --durations=25
 
 # opt-in: fresh random seeds and hypothesis examples (make test runs fixed ones); a failure prints
 # its seed, rerun it with --seed=N

@@ -50,7 +50,9 @@ sys.exit(rc)
 def _run_suite(tmp_path: Path, args: list[str], env_extra: dict | None = None) -> str:
     """pytest on a suite from the repository root, as a user types it; asserts that it passed and
     wrote nothing inside the checkout but pytest-benchmark's store and bytecode caches."""
-    env = {**os.environ, **(env_extra or {})}
+    # as a user's own pytest: not a pytest-xdist worker's (PYTEST_XDIST_WORKER, which make test's
+    # workers set, turns pytest-benchmark's timing off, and --benchmark-only then refuses to run)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}, **(env_extra or {})}
     log = tmp_path / "written.txt"
     proc = subprocess.run([sys.executable, "-c", _LOGGED_PYTEST, str(log), *args, "--benchmark-only", "--smoke",
                            "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=env, capture_output=True, text=True,

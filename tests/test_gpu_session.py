@@ -58,6 +58,8 @@ def session(tmp_path_factory):
     return recs, out, proc.stdout
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("gpu-session-dry-run")
 def test_every_step_ran_and_succeeded(session):
     recs, _, stdout = session
     steps = {r["step"]: r for r in recs if r.get("kind") == "step"}
@@ -74,6 +76,8 @@ def test_every_step_ran_and_succeeded(session):
     assert steps["peers"]["peer_ops"] == sorted(OPS) and steps["peers"]["peers_file"].startswith("peers-cpu-")
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("gpu-session-dry-run")
 def test_records_are_written_as_they_are_made(session):
     """The report records come before their step's own record: appended one by one, not at the
     end of the step (a step killed by its limit keeps what it finished)."""
@@ -88,6 +92,8 @@ def test_records_are_written_as_they_are_made(session):
         assert "not run" in r["label"]
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("gpu-session-dry-run")
 def test_build_and_tests_are_real(session):
     recs, _, _ = session
     steps = {r["step"]: r for r in recs if r.get("kind") == "step"}
@@ -98,6 +104,8 @@ def test_build_and_tests_are_real(session):
     assert steps["gpu_tests"]["passed"] > 10 and steps["gpu_tests"]["failures"] == 0
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("gpu-session-dry-run")
 def test_wheel_step_installs_and_tests_the_carried_wheel(session):
     """The first step pip-installs the carried wheel into a folder of its own and imports geomkern
     from there, not from the checkout: its libraries are the ones mapped, in the probe and in the
@@ -124,6 +132,8 @@ def test_wheel_step_installs_and_tests_the_carried_wheel(session):
     assert any(r["step"] == "wheel:native" for r in recs if r.get("kind") == "test")
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("gpu-session-dry-run")
 def test_schemes_sass(session):
     """The tf32x3 schemes compiled for sm_90: 'planes' issues its products as one pipelined
     chain (no wait that drains the tensor cores), 'builtin' and 'split' wait on each group."""
@@ -138,6 +148,8 @@ def test_schemes_sass(session):
             assert r["hgmma_per_k32"] == (4 if r["scheme"].startswith("tf32") else 12)
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("gpu-session-dry-run")
 def test_dry_run_reports_every_test_as_it_finishes(session):
     """The GPU tests' outcomes reach the JSONL one by one (scripts/_pytest_jsonl.py), before their
     step's own record: a step cut short still names what ran."""
@@ -213,7 +225,7 @@ def test_gpu_scripts_paths_exist():
     which only a full compile report, never CI's --no-cuda one, reads). Outputs and build folders
     the scripts create are exempt."""
     import re
-    created = {".venv/gpu-session-build", "gpu-out"}
+    created = {"gpu-out"}
     seen = 0
     for f in sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "scripts").glob("*.py")):
         for m in re.finditer(r'ROOT((?:\s*/\s*"[^"]+")+)', f.read_text()):

@@ -30,6 +30,7 @@ def _seeds(*args: str) -> dict[str, int]:
     return {k: int(v) for k, v in found.items()}
 
 
+@pytest.mark.early
 def test_default_seeds_are_fixed_per_case_and_random_seeds_are_not():
     a, b = _seeds(), _seeds()
     assert a == b, "make test's seeds changed between two runs"

@@ -198,6 +198,7 @@ def test_presets_list_print_and_load(capsys):
         {"n_base": 512, "n_clusters": 3, "gamma": "1/D", "formulation": "paper", "method": "gd"}
 
 
+@pytest.mark.early
 def test_flic_paper_preset_values_and_a_tiny_run(tmp_path):
     """The paper's setting reaches both methods (Adam for each), and the preset runs (2 rounds, 1 epoch)."""
     import json

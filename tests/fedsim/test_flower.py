@@ -265,6 +265,7 @@ def test_simulation_engine_gives_the_local_engines_results(blobs, tmp_path):
     assert _seed_metrics(sim) == _seed_metrics(local)
 
 
+@pytest.mark.early
 def test_real_deployment_superlink_and_three_supernodes(blobs, tmp_path):
     """flower-superlink + 3 flower-supernode processes on free ports, 3 rounds of FedAvg+GGEUR; the
     same accuracies as the local engine; every process is gone afterwards."""
@@ -309,6 +310,7 @@ def test_a_supernode_killed_during_the_run_never_hangs_it(blobs, tmp_path):
     assert not any(group_members(p.pid) for p in [started["superlink"], *started["supernodes"]])
 
 
+@pytest.mark.early
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="follows the run's processes through /proc")
 @pytest.mark.parametrize("sig", (signal.SIGINT, signal.SIGKILL), ids=("SIGINT", "SIGKILL"))
 def test_a_killed_simulation_leaves_no_process(tmp_path, sig):
@@ -366,6 +368,7 @@ def _run_example(augmenter: dict) -> str:
     return p.stdout + p.stderr
 
 
+@pytest.mark.early
 @pytest.mark.parametrize("augmenter", [
     {"name": "ggeur", "target_per_class": 60},
     pytest.param({"name": "fedmc", "protocol": "fixed", "target_per_class": 60, "n_prototypes": 8, "n_base": 16},

@@ -49,6 +49,8 @@ def test_there_are_cuda_sources():
     assert {"eigh.cu", "preimage.cu"} <= {p.name for p in SOURCES}
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("nvcc-objects")
 @pytest.mark.parametrize("name", [p.name for p in SOURCES])
 def test_cu_compiles(objects, name):
     obj, proc = objects[name]
@@ -58,6 +60,8 @@ def test_cu_compiles(objects, name):
     assert obj.exists() and obj.stat().st_size > 0
 
 
+@pytest.mark.early
+@pytest.mark.xdist_group("nvcc-objects")
 def test_launchers_link(objects, tmp_path):
     failed = [name for name, (_, proc) in objects.items() if proc.returncode != 0]
     assert not failed, f"not linked: {failed} did not compile"
