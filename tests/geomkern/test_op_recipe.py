@@ -1,7 +1,8 @@
 """docs/development.md, "Add an op with a native and a Triton backend": the recipe, followed as written
 on its Python side. A toy op in a module of its own: a torch reference registered for the op name, a
 public function that dispatches, and a native family (``kernels(C, C_cuda)`` and ``auto(C)``, what
-geomkern/backends/native/<family>.py holds) added to the native backend's FAMILIES; its kernel calls a
+geomkern/backends/native/<family>.py holds) added to the native backend's FAMILIES (a real family is
+found by its file: tested below); its kernel calls a
 stand-in for geomkern._C (compiling a C++ op takes too long for a test; the C++ side, csrc/ops.def, is
 checked against the schemas the built library registered). All on copies of the registry."""
 from __future__ import annotations
@@ -156,3 +157,50 @@ def test_the_recipe_names_files_that_exist():
     assert len(paths) >= 6, paths
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, f"the recipe names files that do not exist: {missing}"
+
+
+def test_a_new_family_is_its_file(tmp_path, monkeypatch):
+    """A backend's family modules are found, not listed (geomkern.backends.families): a new file in
+    the package is a family, a private module or a skipped one is not; and each real backend's
+    FAMILIES is exactly its package's public modules."""
+    from geomkern.backends import families
+
+    pkg = tmp_path / "toy_backend"
+    pkg.mkdir()
+    for name, text in {"__init__": "", "_common": "", "operators": "", "scale": "OPERATORS = {}\n"}.items():
+        (pkg / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        found = families("toy_backend", [str(pkg)], skip=("operators",))
+        assert [m.__name__ for m in found] == ["toy_backend.scale"]
+    finally:
+        for name in [m for m in sys.modules if m == "toy_backend" or m.startswith("toy_backend.")]:
+            sys.modules.pop(name)
+    triton = importlib.import_module("geomkern.backends.triton")  # imports without triton too
+    for folder, skip, fams in [("native", (), native.FAMILIES),
+                               ("triton", ("operators",), getattr(triton, "FAMILIES", None))]:
+        if fams is None:  # triton is not installed: no family is imported
+            continue
+        files = sorted(p.stem for p in (ROOT / "geomkern" / "backends" / folder).glob("*.py")
+                       if not p.stem.startswith("_") and p.stem not in skip)
+        assert [m.__name__.rsplit(".", 1)[1] for m in fams] == files, folder
+
+
+def _triton_backend():
+    pytest.importorskip("triton", reason="the Triton backend's families need triton")
+    return importlib.import_module("geomkern.backends.triton")
+
+
+def test_operators_registers_what_each_triton_family_names():
+    """operators.py holds no op of its own: it registers each family's OPERATORS, every one of them,
+    as torch.ops.geomkern_triton.<name> with the function's signature."""
+    import inspect
+
+    T = _triton_backend()
+    ops = importlib.import_module("geomkern.backends.triton.operators")
+    named = {name: fn for fam in T.FAMILIES for name, fn in getattr(fam, "OPERATORS", {}).items()}
+    assert {"rbf_gram", "rbf_matmul", "project_onto_basis", "kmeans_assign"} <= set(named)
+    assert set(ops.OPERATORS) == set(named)
+    for name, fn in named.items():
+        schema = getattr(torch.ops.geomkern_triton, name).default._schema
+        assert [a.name for a in schema.arguments] == list(inspect.signature(fn).parameters), name

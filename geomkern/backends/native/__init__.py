@@ -5,7 +5,7 @@ no GPU needed). Both are plain shared libraries on torch's stable ABI, one build
 their operators are ``torch.ops.geomkern_native.*`` and ``torch.ops.geomkern_cuda.*``.
 
 :func:`kernels` says which compiled kernel serves which op on which device (the native CPU/CUDA
-pair), gathered from one module per op family (preimage, rbf, kmeans, eigh: :data:`FAMILIES`, as
+pair), gathered from one module per op family (eigh, kmeans, preimage, rbf: :data:`FAMILIES`, as
 backends/triton/ has); an op a device has no kernel for runs on the reference there, as for any
 backend. ``auto`` prefers a native kernel only where a recorded benchmark measured it faster (each
 family's ``auto`` gives the measurement): the CPU pre-image loops, rbf_matmul and rbf_gram when
@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 
 from ... import _dispatch
-from . import eigh, kmeans, preimage, rbf
+from .. import families
 from .eigh import MAX_SWEEPS, eigh_tol  # noqa: F401 (the names tests and scripts use)
 from .preimage import span_form  # noqa: F401
 
-# The op families with native kernels, one module each (as backends/triton/): each has
-# kernels(C, C_cuda) -> {op: {device type: implementation}} and auto(C) -> {device type: ops auto
-# prefers native for}. A new family is a module here and a name in this tuple.
-FAMILIES = (preimage, rbf, kmeans, eigh)
+# The op families with native kernels, one module each (as backends/triton/), every public module
+# of this package: each has kernels(C, C_cuda) -> {op: {device type: implementation}} and auto(C)
+# -> {device type: ops auto prefers native for}. A new family is its module, found here.
+FAMILIES = families(__name__, __path__)
 
 _PACKAGE = Path(__file__).resolve().parents[2]  # geomkern/, where setup.py puts the extensions
 _BUILD_CPU = ("it is built by setup.py: reinstall from the source tree with "

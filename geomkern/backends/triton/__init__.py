@@ -9,8 +9,9 @@ The kernels run on CUDA tensors; with ``TRITON_INTERPRET=1`` set before this pac
 they run (slowly, for tests) on CPU tensors. ``auto`` takes Triton on CUDA for rbf_gram, rbf_matmul
 and project_onto_basis, the ops a recorded H100 benchmark measured faster than the reference (the
 notes at their registrations). Every kernel is launched through ``_common.launch`` (the kernel
-itself in eager mode, torch.library.wrap_triton while torch traces); importing ``geomkern.backends.triton.operators`` registers
-rbf_gram, rbf_matmul, project_onto_basis and the K-Means assignment as torch operators too
+itself in eager mode, torch.library.wrap_triton while torch traces); importing
+``geomkern.backends.triton.operators`` registers the operators each family names in its
+``OPERATORS`` (rbf_gram, rbf_matmul, project_onto_basis, kmeans_assign) as torch operators too
 (``torch.ops.geomkern_triton.*``, torch.library.triton_op), for torch.compile on a GPU.
 """
 from __future__ import annotations
@@ -42,6 +43,11 @@ def why_not(device_type: str | None = None) -> str:  # the same on every device 
     return ""
 
 
+# The op families, one module each (kmeans, kpca, preimage, rbf): every public module here but
+# operators.py. Each registers its implementations when imported and names the torch operators it
+# has in OPERATORS (operators.py registers them); a new family is its module, found here.
 _dispatch.register_backend("triton", why_not=why_not)
 if triton is not None:
-    from . import kmeans, kpca, preimage, rbf  # noqa: F401,E402  (register implementations)
+    from .. import families  # noqa: E402
+
+    FAMILIES = families(__name__, __path__, skip=("operators",))

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import _dispatch
+from ... import _dispatch, _validate
 from ...ops.kmeans import lloyd
 from . import _common as C
 from ._common import mma  # by name, not C.mma: see mma's docstring
@@ -115,3 +115,21 @@ def kmeans(X, offsets, k: int, iters: int, seed: int, *, precision: str = C.DEFA
 
 _dispatch.register("kmeans", "triton", devices=C.DEVICES)(kmeans)
 
+
+# the torch operator (operators.py registers it), the assignment step batched: X (m, n, D),
+# centers (m, k, D) -> (m, n); the checks that read no values, then the launcher
+def assign_op(X: torch.Tensor, centers: torch.Tensor, precision: str) -> torch.Tensor:
+    if X.dim() != 3 or centers.dim() != 3:
+        raise ValueError(f"kmeans_assign takes batched X (m, n, D) and centers (m, k, D), got "
+                         f"{tuple(X.shape)} and {tuple(centers.shape)}")
+    precision = _validate.precision(precision)
+    X = _validate.tensor_meta("X", X, ndim=3)
+    centers = _validate.tensor_meta("centers", centers, ndim=3)
+    _validate.same_device_dtype(X=X, centers=centers)
+    if centers.shape[0] != X.shape[0] or centers.shape[2] != X.shape[2]:
+        raise ValueError(f"centers (m, k, D) must match X (m, n, D) in m and D, got {tuple(centers.shape)} "
+                         f"and {tuple(X.shape)}")
+    return assign(X, centers, precision)
+
+
+OPERATORS = {"kmeans_assign": assign_op}

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import _dispatch
+from ... import _dispatch, _validate
 from . import _common as C
 from ._common import mma  # by name, not C.mma: see mma's docstring
 from .rbf import _sqdist_tile, sm_count, sym_gram, wave_splits
@@ -169,3 +169,26 @@ _dispatch.register("kpca", "triton", devices=C.DEVICES)(centred_grams)
 _dispatch.register("project_onto_basis", "triton", devices=C.DEVICES,
                    auto_on=("cuda",))(project_onto_basis)
 
+
+def _projection_check(X, alphas, offsets, B, gamma, precision):
+    """project_onto_basis's launcher arguments (a fit as its alphas and offsets): the checks that
+    read no values."""
+    gamma, precision = _validate.gamma(gamma), _validate.precision(precision)
+    X = _validate.tensor_meta("X", X, ndim=2)
+    B = _validate.tensor_meta("B", B, ndim=2)
+    alphas = _validate.tensor_meta("alphas", alphas, ndim=2)
+    _validate.offsets_meta(offsets)
+    _validate.same_device_dtype(X=X, B=B, alphas=alphas)
+    _validate.same_dim("X", X, "B", B)
+    if alphas.shape[0] != X.shape[0]:
+        raise ValueError(f"alphas must have one row per row of X ({X.shape[0]}), got shape {tuple(alphas.shape)}")
+    return X, alphas, offsets, B, gamma, precision
+
+
+# the torch operator (operators.py registers it): the checks, then the launcher
+def project_onto_basis_op(X: torch.Tensor, alphas: torch.Tensor, offsets: torch.Tensor, B: torch.Tensor,
+                          gamma: float, precision: str) -> torch.Tensor:
+    return project_onto_basis(*_projection_check(X, alphas, offsets, B, gamma, precision))
+
+
+OPERATORS = {"project_onto_basis": project_onto_basis_op}

@@ -10,11 +10,14 @@ about float32's accuracy), or one ("tf32": about 1e-3 relative error on the dot,
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from ... import _dispatch
+from ...ops.rbf import _gram_check, _matmul_check
 from . import _common as C
 from ._common import mma  # by name, not C.mma: see mma's docstring
 
@@ -369,3 +372,16 @@ def rbf_matmul(X, Y, V, gamma: float, precision: str = C.DEFAULT_PRECISION) -> t
 _dispatch.register("rbf_gram", "triton", devices=C.DEVICES, auto_on=("cuda",))(rbf_gram)
 _dispatch.register("rbf_matmul", "triton", devices=C.DEVICES, auto_on=("cuda",))(rbf_matmul)
 
+
+# the torch operators (operators.py registers them): the public ops' checks, then the launcher
+def rbf_gram_op(X: torch.Tensor, Y: Optional[torch.Tensor], gamma: float, center: bool,
+                precision: str) -> torch.Tensor:
+    return rbf_gram(*_gram_check(X, Y, gamma, center, precision))
+
+
+def rbf_matmul_op(X: torch.Tensor, Y: torch.Tensor, V: torch.Tensor, gamma: float,
+                  precision: str) -> torch.Tensor:
+    return rbf_matmul(*_matmul_check(X, Y, V, gamma, precision))
+
+
+OPERATORS = {"rbf_gram": rbf_gram_op, "rbf_matmul": rbf_matmul_op}
