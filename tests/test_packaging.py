@@ -121,6 +121,8 @@ def test_cuda_arch_list_defaults_only_without_a_gpu_and_without_a_choice():
     assert setup.default_cuda_arch_list(None, gpu_visible=True) is None  # torch asks the GPU
 
 
+# with the wheel's tests: both write geomkern.egg-info/ in the checkout while they build an sdist
+@pytest.mark.xdist_group("wheel-from-sdist")
 def test_sdist_holds_every_native_source(tmp_path):
     """The sdist carries every file under csrc/ (headers included: without MANIFEST.in a wheel
     built from it stopped at 'ops.h: No such file or directory')."""
