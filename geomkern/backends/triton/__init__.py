@@ -43,10 +43,13 @@ def why_not(device_type: str | None = None) -> str:  # the same on every device 
     return ""
 
 
-# The op families, one module each (kmeans, kpca, preimage, rbf): every public module here but
-# operators.py. Each registers its implementations when imported and names the torch operators it
-# has in OPERATORS (operators.py registers them); a new family is its module, found here.
 _dispatch.register_backend("triton", why_not=why_not)
+
+# The op families, one module each (kmeans, kpca, preimage, rbf): every public module here but
+# operators.py, none without triton. Each registers its implementations when imported and names
+# the torch operators it has in OPERATORS (operators.py registers them); a new family is its
+# module, found here.
+FAMILIES: tuple = ()
 if triton is not None:
     from .. import families  # noqa: E402
 

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 from torch.library import triton_op
 
-from . import FAMILIES
+from . import FAMILIES, triton, why_not
+
+if triton is None:  # no family was imported: nothing to register
+    raise ImportError(why_not())
 
 # name -> the registered operator (torch.library.CustomOpDef), every family's
 OPERATORS = {name: triton_op(f"geomkern_triton::{name}", mutates_args=())(fn)
