@@ -54,9 +54,12 @@ def pytest_collection_modifyitems(config, items):
     no CUDA device, as the oracle tables leave out their CUDA entries there (tests/geomkern/
     _oracle.py): an id that cannot run here is not run, and scripts/gpu_session.sh runs them all
     (``-m gpu``) on a GPU machine. ``early`` tests (a build, a deployment, child runs of a minute)
-    come first, the rest in their order: ``make test`` spreads the suite over pytest-xdist's
-    workers in collection order, and a long test handed out last would be the run's tail."""
-    items.sort(key=lambda item: item.get_closest_marker("early") is None)  # stable: the rest keep their order
+    and ``xdist_group`` ones (they share an expensive module fixture) come first, the rest in their
+    order: ``make test`` spreads the suite over pytest-xdist's workers in collection order, and a
+    long test handed out last would be the run's tail."""
+    def late(item):
+        return item.get_closest_marker("early") is None and item.get_closest_marker("xdist_group") is None
+    items.sort(key=late)  # stable: the rest keep their order
     skip_slow = pytest.mark.skip(reason="slow test: opt in with --runslow")
     for item in items:
         if item.get_closest_marker("slow") and not config.getoption("--runslow"):

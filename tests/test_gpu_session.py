@@ -58,7 +58,6 @@ def session(tmp_path_factory):
     return recs, out, proc.stdout
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("gpu-session-dry-run")
 def test_every_step_ran_and_succeeded(session):
     recs, _, stdout = session
@@ -76,7 +75,6 @@ def test_every_step_ran_and_succeeded(session):
     assert steps["peers"]["peer_ops"] == sorted(OPS) and steps["peers"]["peers_file"].startswith("peers-cpu-")
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("gpu-session-dry-run")
 def test_records_are_written_as_they_are_made(session):
     """The report records come before their step's own record: appended one by one, not at the
@@ -92,7 +90,6 @@ def test_records_are_written_as_they_are_made(session):
         assert "not run" in r["label"]
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("gpu-session-dry-run")
 def test_build_and_tests_are_real(session):
     recs, _, _ = session
@@ -104,7 +101,6 @@ def test_build_and_tests_are_real(session):
     assert steps["gpu_tests"]["passed"] > 10 and steps["gpu_tests"]["failures"] == 0
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("gpu-session-dry-run")
 def test_wheel_step_installs_and_tests_the_carried_wheel(session):
     """The first step pip-installs the carried wheel into a folder of its own and imports geomkern
@@ -132,7 +128,6 @@ def test_wheel_step_installs_and_tests_the_carried_wheel(session):
     assert any(r["step"] == "wheel:native" for r in recs if r.get("kind") == "test")
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("gpu-session-dry-run")
 def test_schemes_sass(session):
     """The tf32x3 schemes compiled for sm_90: 'planes' issues its products as one pipelined
@@ -148,7 +143,6 @@ def test_schemes_sass(session):
             assert r["hgmma_per_k32"] == (4 if r["scheme"].startswith("tf32") else 12)
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("gpu-session-dry-run")
 def test_dry_run_reports_every_test_as_it_finishes(session):
     """The GPU tests' outcomes reach the JSONL one by one (scripts/_pytest_jsonl.py), before their

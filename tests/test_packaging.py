@@ -346,7 +346,6 @@ def _venv_with(tmp_path: Path, wheel: Path, *site_dirs: Path) -> Path:
     return vpy
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("wheel-from-sdist")
 def test_sdist_builds_a_wheel_that_works_in_a_clean_venv(tmp_path, wheel_from_sdist):
     """The wheel built from the sdist, in a fresh venv that sees only this machine's torch, run
@@ -379,7 +378,6 @@ def _other_torch_wheel() -> Path | None:
                  and not w.name.startswith(f"torch-{mine}")), None)
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("wheel-from-sdist")
 def test_one_wheel_loads_into_another_torch(tmp_path, wheel_from_sdist):
     """geomkern._C and _C_cuda are on torch's stable ABI (setup.py), so a wheel is not tied to the

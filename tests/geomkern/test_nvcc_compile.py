@@ -49,7 +49,6 @@ def test_there_are_cuda_sources():
     assert {"eigh.cu", "preimage.cu"} <= {p.name for p in SOURCES}
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("nvcc-objects")
 @pytest.mark.parametrize("name", [p.name for p in SOURCES])
 def test_cu_compiles(objects, name):
@@ -60,7 +59,6 @@ def test_cu_compiles(objects, name):
     assert obj.exists() and obj.stat().st_size > 0
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("nvcc-objects")
 def test_launchers_link(objects, tmp_path):
     failed = [name for name, (_, proc) in objects.items() if proc.returncode != 0]

@@ -64,7 +64,6 @@ def _dots(records, **match):
             and all(r[k] == v for k, v in match.items())]
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("sm90-records")
 def test_records_parse_and_have_the_keys(records):
     assert isinstance(records, list) and records
@@ -84,7 +83,6 @@ def test_records_parse_and_have_the_keys(records):
     assert precisions == from_launchers
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("sm90-records")
 def test_every_kernel_family_is_compiled(records):
     """Every @triton.jit kernel in geomkern/backends/triton/ (a function named _*_kernel) appears
@@ -99,7 +97,6 @@ def test_every_kernel_family_is_compiled(records):
     assert schemes == {"split", "builtin"}
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("sm90-records")
 def test_no_hot_loop_spill_up_to_d1024(records):
     assert any("D1024" in r["case"] for r in records if r["kernel"] == "_preimage_kernel")
@@ -108,7 +105,6 @@ def test_no_hot_loop_spill_up_to_d1024(records):
     assert not spilling, f"local-memory loads/stores inside the hot loop: {spilling}"
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("sm90-records")
 def test_every_dot_kernel_uses_tensor_cores_at_the_default_precision(records):
     default = _dots(records, default_precision=True)
@@ -118,7 +114,6 @@ def test_every_dot_kernel_uses_tensor_cores_at_the_default_precision(records):
     assert not without, f"dot kernels without HGMMA/HMMA/DMMA at the default precision: {without}"
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("sm90-records")
 def test_tf32_kernels_show_tensor_core_instructions(records):
     tf32 = _dots(records, precision="tf32")
@@ -130,7 +125,6 @@ def test_tf32_kernels_show_tensor_core_instructions(records):
         assert r["dot_pipe"] in ("hgmma_tf32", "hmma_tf32")
 
 
-@pytest.mark.early
 @pytest.mark.xdist_group("sm90-records")
 def test_preimage_tiles_feed_wgmma(records):
     # issue 13 item 3: >= 64 rows per tile (wgmma's M; each B tile reused >= 64 times per
